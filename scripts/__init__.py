@@ -1,0 +1,1 @@
+"""The ``farm`` command line: operators' entry point to the farm."""

@@ -1,0 +1,5 @@
+"""``python -m scripts`` runs the ``farm`` command."""
+
+from scripts.cli import main
+
+main()

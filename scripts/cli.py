@@ -1,0 +1,63 @@
+"""``farm``: one command for the whole farm. Every error is one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from shardfarm import log
+from shardfarm.errors import FarmError, InvalidIdError
+
+
+class FarmGroup(click.Group):
+    """A click group that turns ``FarmError`` into one line on stderr and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except InvalidIdError as exc:
+            click.echo(f"farm: error: {exc}", err=True)
+            sys.exit(2)
+        except FarmError as exc:
+            click.echo(f"farm: error: {exc}", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=FarmGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default=None, metavar="LEVEL",
+              help="Logging level (DEBUG, INFO, WARNING). [env: FARM_LOG_LEVEL]")
+@click.version_option(package_name="shardfarm")
+def cli(log_level: str | None) -> None:
+    """shardfarm: move data into, around and out of an ID-sharded MySQL fleet.
+
+    Scripts enqueue chunks of work on Redis queues; workers on any number of
+    machines run them against the shards; the control database keeps which
+    chunks of which run are done.
+    """
+    log.setup(log_level)
+
+
+def _register() -> None:
+    from scripts import cmd_demo, cmd_ids, cmd_shards
+    for module in (cmd_ids, cmd_shards, cmd_demo):
+        module.register(cli)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: usage errors, like every other error, are one line."""
+    try:
+        cli.main(args=argv, prog_name="farm", standalone_mode=False)
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx else "farm"
+        click.echo(f"farm: error: {exc.format_message()} (see '{where} --help')", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"farm: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("farm: aborted", err=True)
+        sys.exit(130)

@@ -1,0 +1,44 @@
+"""The options every ``farm`` command shares, from one decorator (CONTRACTS §2)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+
+import click
+
+from scripts.app import App
+from shardfarm.settings import Settings
+
+SHARED = [
+    ("--redis-url", "FARM_REDIS_URL", "Redis for queues, worker registry and feeds."),
+    ("--control-dsn", "FARM_CONTROL_DSN", "Control database: runs, chunk ledger, quarantine."),
+    ("--legacy-dsn", "FARM_LEGACY_DSN", "Legacy source database."),
+    ("--shardmap", "FARM_SHARDMAP", "Path of the shard map JSON (default: built-in demo map)."),
+    ("--export-url", "FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
+]
+
+
+def farm_options(fn: Callable) -> Callable:
+    """Add the shared connection options and pass a ready ``App`` as the first argument."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        overrides = {env: kwargs.pop(flag[2:].replace("-", "_")) for flag, env, _ in SHARED}
+        app = App(Settings.from_env(**overrides))
+        try:
+            return fn(app, *args, **kwargs)
+        finally:
+            app.close()
+    for flag, env, help_ in reversed(SHARED):
+        wrapper = click.option(flag, default=None, metavar="URL" if "url" in flag else "DSN"
+                               if "dsn" in flag else "PATH",
+                               help=f"{help_} [env: {env}]")(wrapper)
+    return wrapper
+
+
+def emit(obj: object) -> None:
+    """Print one JSON line on stdout."""
+    click.echo(json.dumps(obj, ensure_ascii=False, sort_keys=False))
+    sys.stdout.flush()

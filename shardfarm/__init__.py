@@ -1,0 +1,1 @@
+"""Cross-cutting pieces every layer may use: settings, errors, Redis keys, logging."""

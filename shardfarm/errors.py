@@ -1,0 +1,64 @@
+"""The exception tree: the class name says whether retrying can help.
+
+``FarmError`` is the root. ``RetryableError`` means "try again later, it may
+work" (a dropped connection, a deadlock); ``FatalError`` means "retrying will
+not help" (bad input, bad configuration). Messages never carry bind values or
+passwords.
+"""
+
+from __future__ import annotations
+
+
+class FarmError(Exception):
+    """Root of every error shardfarm raises on purpose."""
+
+
+class RetryableError(FarmError):
+    """A transient failure: the same call may succeed if retried."""
+
+
+class FatalError(FarmError):
+    """A permanent failure: retrying the same call cannot succeed."""
+
+
+class ConfigError(FatalError):
+    """An operator mistake in configuration: bad DSN, bad URL, bad shard map."""
+
+
+class ShardMapError(ConfigError):
+    """The shard map is malformed or inconsistent; the message names the entry."""
+
+
+class InvalidIdError(FatalError, ValueError):
+    """A 64-bit ID (or one of its parts) is out of range or malformed."""
+
+
+class UnknownShardError(FatalError):
+    """An ID refers to a shard that the shard map does not contain."""
+
+
+class NotFoundError(FatalError, LookupError):
+    """A requested object does not exist (or is soft-deleted)."""
+
+
+class DatabaseError(FarmError):
+    """A MySQL error that is not transient. Names the host and shard, never bind values."""
+
+    def __init__(self, message: str, *, host: str = "", shard: int | None = None,
+                 code: int | None = None) -> None:
+        super().__init__(message)
+        self.host = host
+        self.shard = shard
+        self.code = code
+
+
+class TransientDatabaseError(DatabaseError, RetryableError):
+    """A MySQL error worth retrying: gone away, lost connection, deadlock, lock wait."""
+
+
+class UnreachableError(TransientDatabaseError):
+    """The server refused or timed out the connection."""
+
+
+class FencedError(FatalError):
+    """A zombie worker tried to write after its lease was handed to someone else."""

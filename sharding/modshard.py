@@ -1,0 +1,17 @@
+"""Mod shard: buckets for lookups by something that is not an ID (username, email, legacy ID)."""
+
+from __future__ import annotations
+
+import hashlib
+
+DEFAULT_BUCKETS = 4096
+
+
+def bucket_of(key: str, buckets: int = DEFAULT_BUCKETS) -> int:
+    """``int(md5(key_utf8).hexdigest(), 16) % buckets`` exactly as CONTRACTS §4 says."""
+    return int(hashlib.md5(key.encode("utf-8")).hexdigest(), 16) % buckets
+
+
+def legacy_key(type_name: str, legacy_id: int) -> str:
+    """The mod-shard key of a legacy ID: ``"{type_name}:{legacy_id}"``."""
+    return f"{type_name}:{legacy_id}"

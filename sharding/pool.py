@@ -1,0 +1,125 @@
+"""Connection pools: one per physical MySQL server (not per shard), in one place.
+
+Connections are utf8mb4, autocommit by default (transactions are explicit) and
+allowed ``LOAD DATA LOCAL INFILE``. PyMySQL errors are translated into the
+``FarmError`` tree here, naming host and shard but never bind values.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import pymysql
+
+from shardfarm.errors import DatabaseError, FarmError, TransientDatabaseError, UnreachableError
+from sharding.shardmap import Host
+
+log = logging.getLogger(__name__)
+
+# 2006 gone away, 2013 lost connection, 1213 deadlock, 1205 lock wait timeout,
+# 1927 connection killed, 1053 server shutdown, 4031 idle disconnect, 2014 out of sync.
+TRANSIENT_CODES = frozenset({2006, 2013, 1213, 1205, 1927, 1053, 4031, 2014, 2055, 1040})
+UNREACHABLE_CODES = frozenset({2002, 2003})
+CONNECTION_LOST = frozenset({2006, 2013, 1927, 1053, 4031, 2014, 2055})
+
+
+def _scrub(message: str) -> str:
+    """Drop quoted values from a server message (``Duplicate entry 'x'`` -> ``'?'``)."""
+    return re.sub(r"'(?:[^'\\]|\\.)*'", "'?'", message)[:300]
+
+
+def translate(exc: BaseException, host: str, shard: int | None) -> FarmError:
+    """Map a PyMySQL/OS error to a transient, unreachable or plain ``DatabaseError``."""
+    if isinstance(exc, FarmError):
+        return exc
+    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
+    text = str(exc.args[1]) if len(exc.args) > 1 else type(exc).__name__
+    where = f"{host}" + (f" (shard {shard})" if shard is not None else "")
+    if code in UNREACHABLE_CODES or isinstance(exc, (ConnectionError, TimeoutError)):
+        return UnreachableError(f"cannot reach MySQL {where}: error {code}", host=host,
+                                shard=shard, code=code)
+    msg = f"MySQL error {code} on {where}: {_scrub(text)}"
+    if code in TRANSIENT_CODES or isinstance(exc, pymysql.err.InterfaceError):
+        return TransientDatabaseError(msg, host=host, shard=shard, code=code)
+    return DatabaseError(msg, host=host, shard=shard, code=code)
+
+
+class Pool:
+    """A bounded LIFO pool of connections to one server; safe across threads, reset after fork."""
+
+    def __init__(self, host: Host, size: int = 16, connect_timeout: float = 5.0) -> None:
+        self.host = host
+        self.size = size
+        self.connect_timeout = connect_timeout
+        self._idle: list[pymysql.Connection] = []
+        self._lock = threading.Lock()
+        self._sem = threading.BoundedSemaphore(size)
+        self._pid = os.getpid()
+
+    def _connect(self) -> pymysql.Connection:
+        try:
+            return pymysql.connect(
+                host=self.host.host, port=self.host.port, user=self.host.user,
+                password=self.host.password, charset="utf8mb4", autocommit=True,
+                local_infile=True, connect_timeout=self.connect_timeout,
+            )
+        except Exception as exc:
+            raise translate(exc, self.host.name, None) from None
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._idle = []  # sockets belong to the parent; never reuse them
+            self._sem = threading.BoundedSemaphore(self.size)
+            self._pid = os.getpid()
+
+    @contextmanager
+    def connection(self, shard: int | None = None) -> Iterator[pymysql.Connection]:
+        """Check a connection out; it goes back to the pool unless an error broke it."""
+        self._check_fork()
+        self._sem.acquire()
+        conn = None
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            if conn is None:
+                conn = self._connect()
+            try:
+                yield conn
+            except pymysql.MySQLError as exc:
+                err = translate(exc, self.host.name, shard)
+                if isinstance(err, TransientDatabaseError) or _lost(exc):
+                    _close_quietly(conn)
+                    conn = None
+                raise err from None
+            except BaseException:
+                _close_quietly(conn)  # unknown state (e.g. half-read result): do not reuse
+                conn = None
+                raise
+            with self._lock:
+                self._idle.append(conn)
+            conn = None
+        finally:
+            self._sem.release()
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            _close_quietly(conn)
+
+
+def _lost(exc: BaseException) -> bool:
+    return bool(exc.args) and exc.args[0] in CONNECTION_LOST
+
+
+def _close_quietly(conn: pymysql.Connection | None) -> None:
+    if conn is None:
+        return
+    with suppress(Exception):
+        conn.close()

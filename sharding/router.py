@@ -1,0 +1,119 @@
+"""Routing: a shard or mod bucket -> its host in the current map -> a pooled connection.
+
+``Router.run(shard, fn)`` is the unit of work: ``fn(cursor)`` runs inside one
+explicit transaction on the shard's master and the whole transaction is retried
+on transient errors (gone away, deadlock, lock wait, refused connection).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import Literal, TypeVar
+
+import pymysql
+import pymysql.cursors
+
+from shardfarm.retry import TRANSIENT, RetryPolicy
+from sharding.pool import Pool
+from sharding.shardmap import Host, ShardMap, ShardMapSource
+
+T = TypeVar("T")
+Role = Literal["master", "slave"]
+
+
+class Router:
+    """Finds the host of a shard and lends pooled connections, one pool per physical server."""
+
+    def __init__(self, source: ShardMapSource, *, pool_size: int = 16,
+                 policy: RetryPolicy = TRANSIENT) -> None:
+        self.source = source
+        self.pool_size = pool_size
+        self.policy = policy
+        self._pools: dict[tuple, Pool] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def shardmap(self) -> ShardMap:
+        """The current shard map (re-read when its file changes)."""
+        return self.source.current()
+
+    def host_for(self, shard: int, role: Role = "master") -> Host:
+        """The host holding ``shard`` in the current map."""
+        m = self.shardmap
+        return m.master(shard) if role == "master" else m.slave(shard)
+
+    def pool(self, host: Host) -> Pool:
+        """The pool of the physical server behind ``host`` (created on first use)."""
+        key = (*host.server, host.password)
+        with self._lock:
+            pool = self._pools.get(key)
+            if pool is None:
+                pool = self._pools[key] = Pool(host, size=self.pool_size)
+            return pool
+
+    @contextmanager
+    def connection(self, host: Host, shard: int | None = None) -> Iterator[pymysql.Connection]:
+        """A pooled autocommit connection to ``host``."""
+        with self.pool(host).connection(shard) as conn:
+            yield conn
+
+    @contextmanager
+    def transaction(self, host: Host, shard: int | None = None,
+                    cursor: type = pymysql.cursors.Cursor) -> Iterator[pymysql.cursors.Cursor]:
+        """One explicit transaction: committed on success, rolled back on any error."""
+        with self.connection(host, shard) as conn:
+            conn.begin()
+            try:
+                with conn.cursor(cursor) as cur:
+                    yield cur
+                conn.commit()
+            except BaseException:
+                with suppress(pymysql.MySQLError):
+                    conn.rollback()
+                raise
+
+    def run_on(self, host: Host, fn: Callable[[pymysql.cursors.Cursor], T],
+               shard: int | None = None, policy: RetryPolicy | None = None) -> T:
+        """Run ``fn(cursor)`` in one transaction on ``host``, retried as a whole."""
+        def attempt() -> T:
+            with self.transaction(host, shard) as cur:
+                return fn(cur)
+        return (policy or self.policy).call(attempt)
+
+    def run(self, shard: int, fn: Callable[[pymysql.cursors.Cursor], T],
+            role: Role = "master", policy: RetryPolicy | None = None) -> T:
+        """Run ``fn(cursor)`` in one transaction on the shard's host, retried as a whole.
+
+        The host is looked up again on every attempt, so a retried call follows a
+        shard map that changed in between (a promoted slave, a moved shard).
+        """
+        def attempt() -> T:
+            with self.transaction(self.host_for(shard, role), shard) as cur:
+                return fn(cur)
+        return (policy or self.policy).call(attempt)
+
+    def run_mod(self, bucket: int, fn: Callable[[pymysql.cursors.Cursor], T],
+                policy: RetryPolicy | None = None) -> T:
+        """Run ``fn(cursor)`` in one transaction on a mod bucket's master."""
+        def attempt() -> T:
+            with self.transaction(self.shardmap.mod_master(bucket)) as cur:
+                return fn(cur)
+        return (policy or self.policy).call(attempt)
+
+    def servers(self, role: Role = "master") -> dict[tuple, Host]:
+        """One host per distinct physical server used by the map in ``role``."""
+        m = self.shardmap
+        out: dict[tuple, Host] = {}
+        for r in [*m.shard_ranges, *m.mod_ranges]:
+            h = m.hosts[r.master if role == "master" else r.slave]
+            out.setdefault(h.server, h)
+        return out
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for p in pools:
+            p.close()

@@ -1,0 +1,313 @@
+"""The shard map (CONTRACTS §3): which host pair holds each shard range and mod bucket range.
+
+Loading validates everything and refuses a bad map with a message naming the
+entry. Lookups are O(log n) bisections over sorted ranges. ``ShardMapSource``
+re-reads the file when it changes, keeping the last good map if the new one is bad.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardfarm.errors import ShardMapError, UnknownShardError
+from sharding.ids import MAX_SHARD
+
+log = logging.getLogger(__name__)
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """A named MySQL host of the map. Several names may point at one server."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    password: str = ""
+
+    @property
+    def server(self) -> tuple[str, int, str]:
+        """The physical server identity that connection pools are keyed by."""
+        return (self.host, self.port, self.user)
+
+    def __repr__(self) -> str:
+        return f"Host({self.name}={self.user}@{self.host}:{self.port})"
+
+
+@dataclass(frozen=True)
+class Range:
+    """An inclusive range of shards (or buckets) held by one master/slave pair."""
+
+    lo: int
+    hi: int
+    master: str
+    slave: str
+
+
+class ShardMap:
+    """A validated shard map. Build with ``ShardMap.from_dict`` or ``load``."""
+
+    def __init__(self, version: int, hosts: dict[str, Host], shards: list[Range],
+                 open_ranges: list[tuple[int, int]], buckets: int, mod: list[Range]) -> None:
+        self.version = version
+        self.hosts = hosts
+        self.shard_ranges = sorted(shards, key=lambda r: r.lo)
+        self.open_ranges = open_ranges
+        self.buckets = buckets
+        self.mod_ranges = sorted(mod, key=lambda r: r.lo)
+        self._shard_starts = [r.lo for r in self.shard_ranges]
+        self._mod_starts = [r.lo for r in self.mod_ranges]
+
+    # -- construction ---------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, doc: object) -> ShardMap:
+        """Validate a parsed JSON document and build the map."""
+        return _parse(doc)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "shard map") -> ShardMap:
+        """Parse JSON text; malformed JSON is refused with its line and column."""
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ShardMapError(f"{source}: malformed JSON at line {exc.lineno} "
+                                f"column {exc.colno}: {exc.msg}") from None
+        return _parse(doc)
+
+    @classmethod
+    def load(cls, path: Path | str) -> ShardMap:
+        """Read and validate the map file at ``path``."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ShardMapError(f"cannot read shard map {path}: {exc.strerror}") from None
+        return cls.from_json(text, source=str(path))
+
+    # -- lookups --------------------------------------------------------------------------
+    def _find(self, ranges: list[Range], starts: list[int], n: int, what: str) -> Range:
+        i = bisect.bisect_right(starts, n) - 1
+        if i < 0 or ranges[i].hi < n:
+            raise UnknownShardError(f"{what} {n} is not in the shard map")
+        return ranges[i]
+
+    def shard_range(self, shard: int) -> Range:
+        """The range entry holding ``shard``."""
+        return self._find(self.shard_ranges, self._shard_starts, shard, "shard")
+
+    def master(self, shard: int) -> Host:
+        """The master host of ``shard``: every read and write goes here."""
+        return self.hosts[self.shard_range(shard).master]
+
+    def slave(self, shard: int) -> Host:
+        """The slave (backup) host of ``shard``: for bulk reads such as exports."""
+        return self.hosts[self.shard_range(shard).slave]
+
+    def mod_range(self, bucket: int) -> Range:
+        """The range entry holding mod bucket ``bucket``."""
+        return self._find(self.mod_ranges, self._mod_starts, bucket, "mod bucket")
+
+    def mod_master(self, bucket: int) -> Host:
+        """The master host of a mod bucket."""
+        return self.hosts[self.mod_range(bucket).master]
+
+    def shards(self) -> Iterator[int]:
+        """Every shard of the map, ascending."""
+        for r in self.shard_ranges:
+            yield from range(r.lo, r.hi + 1)
+
+    def shard_count(self) -> int:
+        """How many shards the map holds."""
+        return sum(r.hi - r.lo + 1 for r in self.shard_ranges)
+
+    def open_shards(self) -> list[int]:
+        """Shards where new users may be placed, ascending."""
+        return [s for lo, hi in self.open_ranges for s in range(lo, hi + 1)]
+
+    def __repr__(self) -> str:
+        return (f"ShardMap(v{self.version}, {self.shard_count()} shards, "
+                f"{len(self.hosts)} hosts, {self.buckets} buckets)")
+
+
+def _fail(msg: str) -> ShardMapError:
+    return ShardMapError(f"bad shard map: {msg}")
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(f"{where} must be an integer, got {value!r}")
+    return value
+
+
+def _obj(value: object, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise _fail(f"{where} must be a JSON object")
+    return value
+
+
+def _list(value: object, where: str) -> list:
+    if not isinstance(value, list):
+        raise _fail(f"{where} must be a JSON list")
+    return value
+
+
+def _parse_host(name: str, doc: object) -> Host:
+    where = f"hosts.{name}"
+    if not _HOST_NAME.match(name):
+        raise _fail(f"{where}: invalid host name")
+    d = _obj(doc, where)
+    host = d.get("host")
+    if not isinstance(host, str) or not host:
+        raise _fail(f"{where}.host must be a non-empty string")
+    port = _int(d.get("port", 3306), f"{where}.port")
+    if not 1 <= port <= 65535:
+        raise _fail(f"{where}.port {port} out of range 1..65535")
+    user = d.get("user", "root")
+    password = d.get("password", "")
+    if not isinstance(user, str) or not isinstance(password, str):
+        raise _fail(f"{where}: user and password must be strings")
+    return Host(name, host, port, user, password)
+
+
+def _parse_range(doc: object, where: str, hosts: dict[str, Host], limit: int) -> Range:
+    d = _obj(doc, where)
+    rng = _list(d.get("range"), f"{where}.range")
+    if len(rng) != 2:
+        raise _fail(f"{where}.range must be [first, last]")
+    lo, hi = _int(rng[0], f"{where}.range[0]"), _int(rng[1], f"{where}.range[1]")
+    if lo < 0 or hi < lo:
+        raise _fail(f"{where}.range [{lo}, {hi}] is empty or negative")
+    if hi > limit:
+        raise _fail(f"{where}.range [{lo}, {hi}] goes past {limit}")
+    for role in ("master", "slave"):
+        name = d.get(role)
+        if name not in hosts:
+            raise _fail(f"{where}.{role} names unknown host {name!r}")
+    return Range(lo, hi, d["master"], d["slave"])
+
+
+def _check_overlaps(ranges: list[tuple[str, Range]], what: str) -> None:
+    ordered = sorted(ranges, key=lambda t: t[1].lo)
+    for (wa, a), (wb, b) in itertools.pairwise(ordered):
+        if b.lo <= a.hi:
+            raise _fail(f"{wb}.range [{b.lo}, {b.hi}] overlaps {wa}.range [{a.lo}, {a.hi}] "
+                        f"({what})")
+
+
+def _parse_open(doc: object, shards: list[Range]) -> list[tuple[int, int]]:
+    out = []
+    for i, item in enumerate(_list(doc, "open")):
+        pair = _list(item, f"open[{i}]")
+        if len(pair) != 2:
+            raise _fail(f"open[{i}] must be [first, last]")
+        lo, hi = _int(pair[0], f"open[{i}][0]"), _int(pair[1], f"open[{i}][1]")
+        if lo < 0 or hi < lo:
+            raise _fail(f"open[{i}] [{lo}, {hi}] is empty or negative")
+        if not _covered(lo, hi, shards):
+            raise _fail(f"open[{i}] [{lo}, {hi}] is not backed by shards in 'shards'")
+        out.append((lo, hi))
+    return out
+
+
+def _covered(lo: int, hi: int, ranges: list[Range]) -> bool:
+    need = lo
+    for r in sorted(ranges, key=lambda r: r.lo):
+        if r.lo <= need <= r.hi:
+            need = r.hi + 1
+            if need > hi:
+                return True
+    return False
+
+
+def _parse_mod(doc: object, hosts: dict[str, Host]) -> tuple[int, list[Range]]:
+    d = _obj(doc, "mod")
+    buckets = _int(d.get("buckets"), "mod.buckets")
+    if not 1 <= buckets <= 1 << 20:
+        raise _fail(f"mod.buckets {buckets} out of range 1..{1 << 20}")
+    items = [(f"mod.ranges[{i}]", _parse_range(x, f"mod.ranges[{i}]", hosts, buckets - 1))
+             for i, x in enumerate(_list(d.get("ranges"), "mod.ranges"))]
+    _check_overlaps(items, "mod buckets")
+    ranges = [r for _, r in items]
+    if not _covered(0, buckets - 1, ranges):
+        raise _fail(f"mod.ranges do not cover every bucket 0..{buckets - 1}")
+    return buckets, ranges
+
+
+def _parse(doc: object) -> ShardMap:
+    d = _obj(doc, "the document")
+    version = _int(d.get("version"), "version")
+    hosts_doc = _obj(d.get("hosts"), "hosts")
+    if not hosts_doc:
+        raise _fail("hosts is empty")
+    hosts = {name: _parse_host(name, h) for name, h in hosts_doc.items()}
+    items = [(f"shards[{i}]", _parse_range(x, f"shards[{i}]", hosts, MAX_SHARD))
+             for i, x in enumerate(_list(d.get("shards"), "shards"))]
+    if not items:
+        raise _fail("shards is empty")
+    _check_overlaps(items, "shards")
+    shards = [r for _, r in items]
+    open_ranges = _parse_open(d.get("open", []), shards)
+    buckets, mod = _parse_mod(d.get("mod"), hosts)
+    return ShardMap(version, hosts, shards, open_ranges, buckets, mod)
+
+
+def demo_map_doc() -> dict:
+    """The built-in demo map: 16 shards on two host pairs, all on the local MariaDB."""
+    local = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
+    return {
+        "version": 1,
+        "hosts": {n: dict(local) for n in ("MySQL001A", "MySQL001B", "MySQL002A", "MySQL002B")},
+        "shards": [{"range": [0, 7], "master": "MySQL001A", "slave": "MySQL001B"},
+                   {"range": [8, 15], "master": "MySQL002A", "slave": "MySQL002B"}],
+        "open": [[0, 15]],
+        "mod": {"buckets": 4096,
+                "ranges": [{"range": [0, 2047], "master": "MySQL001A", "slave": "MySQL001B"},
+                           {"range": [2048, 4095], "master": "MySQL002A", "slave": "MySQL002B"}]},
+    }
+
+
+class ShardMapSource:
+    """Caches the map and reloads it when the file changes (checked at most every ``interval``)."""
+
+    def __init__(self, path: Path | None, interval: float = 1.0) -> None:
+        self.path = path
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        self._map = ShardMap.load(path) if path else ShardMap.from_dict(demo_map_doc())
+        if path:
+            self._stamp = self._stat()
+
+    def _stat(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)  # type: ignore[arg-type]
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def current(self) -> ShardMap:
+        """The newest valid map; a changed file is re-read, a bad new version is logged."""
+        if self.path is None or time.monotonic() - self._checked < self.interval:
+            return self._map
+        with self._lock:
+            self._checked = time.monotonic()
+            stamp = self._stat()
+            if stamp and stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._map = ShardMap.load(self.path)
+                    log.info("reloaded shard map %s: %r", self.path, self._map)
+                except ShardMapError as exc:
+                    log.error("keeping the previous shard map: %s", exc)
+        return self._map

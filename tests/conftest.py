@@ -1,0 +1,106 @@
+"""Shared fixtures: real MariaDB (two servers) and Redis, a two-server test shard map.
+
+The test map uses shards 65024-65039 so it never touches the demo's ``db00000``…
+on the shared server: shards 65024-65031 live on the machine's MariaDB (3306),
+65032-65039 and every mod bucket on a private mariadbd the tests start and stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardfarm.settings import Settings
+from sharding.provision import init_databases
+from sharding.router import Router
+from sharding.shardmap import ShardMapSource
+from tests.servers import PrivateMariaDB, mysql_alive, redis_alive
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARDS_A = (65024, 65031)
+SHARDS_B = (65032, 65039)
+TEST_BUCKETS = 64
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fail (never skip) when a required service is missing."""
+    problems = []
+    if (why := mysql_alive()) is not None:
+        problems.append(f"MariaDB on 127.0.0.1:3306 does not answer: {why}")
+    if (why := redis_alive()) is not None:
+        problems.append(f"Redis on 127.0.0.1:6379 does not answer: {why}")
+    if problems:
+        pytest.exit("required services missing:\n  " + "\n  ".join(problems), returncode=3)
+
+
+@pytest.fixture(scope="session")
+def server_b():
+    """A second MariaDB server for the test shard map."""
+    server = PrivateMariaDB.start()
+    yield server
+    server.stop()
+
+
+def make_map_doc(port_b: int) -> dict:
+    """The two-server test shard map."""
+    a = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
+    b = {"host": "127.0.0.1", "port": port_b, "user": "root", "password": ""}
+    return {
+        "version": 1,
+        "hosts": {"TestA1": a, "TestA2": dict(a), "TestB1": b, "TestB2": dict(b)},
+        "shards": [{"range": list(SHARDS_A), "master": "TestA1", "slave": "TestA2"},
+                   {"range": list(SHARDS_B), "master": "TestB1", "slave": "TestB2"}],
+        "open": [[SHARDS_A[0], SHARDS_B[1]]],
+        "mod": {"buckets": TEST_BUCKETS,
+                "ranges": [{"range": [0, TEST_BUCKETS - 1], "master": "TestB1",
+                            "slave": "TestB2"}]},
+    }
+
+
+@pytest.fixture(scope="session")
+def map_path(server_b, tmp_path_factory) -> Path:
+    """The test shard map written to a file."""
+    path = tmp_path_factory.mktemp("map") / "shardmap.json"
+    path.write_text(json.dumps(make_map_doc(server_b.port)))
+    return path
+
+
+@pytest.fixture(scope="session")
+def farm_env(map_path) -> dict[str, str]:
+    """Environment for ``farm`` subprocesses pointed at the test setup."""
+    env = dict(os.environ)
+    env.update({
+        "FARM_SHARDMAP": str(map_path),
+        "FARM_CONTROL_DSN": "mysql://root@127.0.0.1:3306/farm_control_test",
+        "FARM_LEGACY_DSN": "mysql://root@127.0.0.1:3306/legacy_test",
+        "FARM_REDIS_URL": "redis://127.0.0.1:6379/15",
+        "PYTHONPATH": str(ROOT),
+    })
+    return env
+
+
+@pytest.fixture(scope="session")
+def settings(farm_env) -> Settings:
+    """Settings of the test setup."""
+    return Settings.from_env(farm_env)
+
+
+@pytest.fixture(scope="session")
+def router(map_path) -> Router:
+    """A router over the two-server test map, with every database created."""
+    r = Router(ShardMapSource(map_path))
+    init_databases(r)
+    yield r
+    r.close()
+
+
+def run_farm(env: dict[str, str], *args: str, input: str | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real ``farm`` command in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "scripts", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, input=input, timeout=timeout)

@@ -1,0 +1,65 @@
+"""The ``farm`` command as operators run it: JSON output, one-line errors, exit codes."""
+
+import json
+
+from tests.conftest import TEST_BUCKETS, run_farm
+
+
+def test_id_decode_and_encode(farm_env):
+    out = run_farm(farm_env, "id", "encode", "65032", "pin", "42")
+    assert out.returncode == 0
+    value = int(out.stdout)
+    assert value == (65032 << 46) | (1 << 36) | 42
+    dec = run_farm(farm_env, "id", "decode", str(value))
+    assert json.loads(dec.stdout) == {"id": value, "shard": 65032, "type": 1,
+                                      "type_name": "pin", "local": 42}
+
+
+def test_bad_id_exits_2_with_one_line(farm_env):
+    for bad in ("nope", str(2**62), "-3", str(1 << 46)):
+        out = run_farm(farm_env, "id", "decode", bad)
+        assert out.returncode == 2, bad
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    out = run_farm(farm_env, "id", "encode", "70000", "pin", "1")
+    assert out.returncode == 2 and "shard 70000" in out.stderr
+
+
+def test_modshard(farm_env):
+    import hashlib
+    out = run_farm(farm_env, "modshard", "1.2.3.4")
+    doc = json.loads(out.stdout)
+    want = int.from_bytes(hashlib.md5(b"1.2.3.4").digest(), "big") % TEST_BUCKETS
+    assert doc == {"key": "1.2.3.4", "bucket": want, "master": "TestB1"}
+
+
+def test_bad_shard_map_is_one_line(farm_env, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 1, "hosts": {"A": {"host": "x"}},
+                               "shards": [{"range": [0, 9], "master": "A", "slave": "B"}],
+                               "mod": {"buckets": 1, "ranges": []}}))
+    out = run_farm({**farm_env, "FARM_SHARDMAP": str(bad)}, "shards", "init")
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        "farm: error: bad shard map: shards[0].slave names unknown host 'B'")
+
+
+def test_unreachable_control_db_is_one_line(farm_env):
+    from tests.servers import free_port
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root:topsecret@127.0.0.1:{free_port()}/c"}
+    out = run_farm(env, "shards", "init")
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and "topsecret" not in out.stderr
+    assert "cannot reach MySQL" in out.stderr
+
+
+def test_bad_flag_is_usage_error(farm_env):
+    out = run_farm(farm_env, "shards", "init", "--no-such-flag")
+    assert out.returncode == 2 and "No such option" in out.stderr
+    assert out.stderr.count("\n") == 1
+
+
+def test_shards_init_via_cli(farm_env, router):
+    out = run_farm(farm_env, "shards", "init")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["shards"] == 16 and doc["mod_buckets"] == TEST_BUCKETS and doc["servers"] == 2

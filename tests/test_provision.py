@@ -1,0 +1,41 @@
+"""``shards init``: every database and table on its master, on both servers, idempotently."""
+
+import pymysql
+
+from sharding.provision import init_databases
+from sharding.schema import MAPPING_TABLES, MOD_TABLES, OBJECT_TABLES
+from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS
+
+
+def _tables(port: int, like: str) -> dict[str, set[str]]:
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root")
+    with conn.cursor() as cur:
+        cur.execute("SELECT table_schema, table_name FROM information_schema.tables "
+                    "WHERE table_schema LIKE %s", (like,))
+        out: dict[str, set[str]] = {}
+        for db, t in cur.fetchall():
+            out.setdefault(db, set()).add(t)
+    conn.close()
+    return out
+
+
+def test_every_table_on_its_master(router, server_b):
+    expected = {*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard"}
+    a = _tables(3306, "db650%")
+    b = _tables(server_b.port, "db650%")
+    for s in range(SHARDS_A[0], SHARDS_A[1] + 1):
+        assert a[f"db{s:05d}"] == expected
+        assert f"db{s:05d}" not in b
+    for s in range(SHARDS_B[0], SHARDS_B[1] + 1):
+        assert b[f"db{s:05d}"] == expected
+    mods = _tables(server_b.port, "mod%")
+    assert len(mods) == TEST_BUCKETS
+    assert all(t == set(MOD_TABLES) for t in mods.values())
+
+
+def test_init_is_idempotent_and_keeps_rows(router):
+    from sharding.objects import ObjectStore
+    oid = ObjectStore(router).create(SHARDS_B[0], "user", {"username": "keep"})
+    rep = init_databases(router)
+    assert rep.shards == 16 and rep.buckets == TEST_BUCKETS and rep.servers == 2
+    assert ObjectStore(router).get(oid).data == {"username": "keep"}
