@@ -1,6 +1,7 @@
-"""Tables of the control database (runs, chunk ledger, quarantine), created idempotently.
+"""Tables of the control database: runs, the chunk ledger and the quarantine.
 
-The farm issue fills this in; each later job kind adds nothing here but rows.
+Progress lives here, in MySQL, not only in Redis: a Redis that lost everything
+loses no work, and ``farm resume`` re-enqueues what is not done.
 """
 
 from __future__ import annotations
@@ -8,13 +9,57 @@ from __future__ import annotations
 from shardfarm.db import connect
 from shardfarm.dsn import DSN
 
-STATEMENTS: list[str] = []
+STATEMENTS: list[str] = [
+    """CREATE TABLE IF NOT EXISTS runs (
+  run_id VARCHAR(40) NOT NULL PRIMARY KEY,
+  kind VARCHAR(32) NOT NULL,
+  status VARCHAR(16) NOT NULL DEFAULT 'running',
+  queue VARCHAR(64) NOT NULL,
+  params JSON NOT NULL,
+  paused TINYINT(1) NOT NULL DEFAULT 0,
+  total_chunks INT NOT NULL DEFAULT 0,
+  created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+  finished_at DATETIME(3) NULL,
+  KEY by_created (created_at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    """CREATE TABLE IF NOT EXISTS chunks (
+  run_id VARCHAR(40) NOT NULL,
+  chunk_id INT NOT NULL,
+  kind VARCHAR(64) NOT NULL,
+  args JSON NOT NULL,
+  state VARCHAR(12) NOT NULL DEFAULT 'pending',
+  attempts INT NOT NULL DEFAULT 0,
+  fence BIGINT NOT NULL DEFAULT 0,
+  lease_owner VARCHAR(128) NULL,
+  lease_expires DATETIME(3) NULL,
+  not_before DATETIME(3) NULL,
+  rows_read BIGINT NOT NULL DEFAULT 0,
+  rows_written BIGINT NOT NULL DEFAULT 0,
+  rows_quarantined BIGINT NOT NULL DEFAULT 0,
+  counts JSON NULL,
+  started_at DATETIME(3) NULL,
+  finished_at DATETIME(3) NULL,
+  seconds DOUBLE NOT NULL DEFAULT 0,
+  last_error VARCHAR(1000) NULL,
+  PRIMARY KEY (run_id, chunk_id),
+  KEY by_state (run_id, state)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    """CREATE TABLE IF NOT EXISTS quarantine (
+  run_id VARCHAR(40) NOT NULL,
+  legacy_table VARCHAR(64) NOT NULL,
+  legacy_key VARCHAR(128) NOT NULL,
+  reason VARCHAR(64) NOT NULL,
+  detail VARCHAR(500) NULL,
+  chunk_id INT NOT NULL,
+  created_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+  PRIMARY KEY (run_id, legacy_table, legacy_key),
+  KEY by_reason (run_id, reason)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+]
 
 
 def ensure(dsn: DSN) -> None:
     """Create every control table that does not exist yet."""
-    if not STATEMENTS:
-        return
     conn = connect(dsn)
     try:
         with conn.cursor() as cur:

@@ -52,8 +52,10 @@ def translate(exc: BaseException, host: str, shard: int | None) -> FarmError:
 class Pool:
     """A bounded LIFO pool of connections to one server; safe across threads, reset after fork."""
 
-    def __init__(self, host: Host, size: int = 16, connect_timeout: float = 5.0) -> None:
+    def __init__(self, host: Host, size: int = 16, connect_timeout: float = 5.0,
+                 database: str | None = None) -> None:
         self.host = host
+        self.database = database
         self.size = size
         self.connect_timeout = connect_timeout
         self._idle: list[pymysql.Connection] = []
@@ -65,7 +67,8 @@ class Pool:
         try:
             return pymysql.connect(
                 host=self.host.host, port=self.host.port, user=self.host.user,
-                password=self.host.password, charset="utf8mb4", autocommit=True,
+                password=self.host.password, database=self.database,
+                charset="utf8mb4", autocommit=True,
                 local_infile=True, connect_timeout=self.connect_timeout,
             )
         except Exception as exc:

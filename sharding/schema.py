@@ -64,6 +64,14 @@ DIRECTORY_TABLES: dict[str, str] = {
   PRIMARY KEY (board_id, shard)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""}
 
+# Farm bookkeeping on every shard: the highest fencing token seen per chunk (see fencing.py).
+FARM_TABLES: dict[str, str] = {"chunk_fences": """CREATE TABLE IF NOT EXISTS {q} (
+  run_id VARCHAR(40) NOT NULL,
+  chunk_id INT NOT NULL,
+  fence BIGINT NOT NULL,
+  PRIMARY KEY (run_id, chunk_id)
+) ENGINE=InnoDB DEFAULT CHARSET=ascii"""}
+
 # Mod-shard lookups. Keys compare byte-wise (utf8mb4_bin): "josé" and "jose" are different users.
 MOD_TABLES: dict[str, str] = {
     "legacy_id_map": """CREATE TABLE IF NOT EXISTS {q} (
@@ -83,7 +91,7 @@ MOD_TABLES: dict[str, str] = {
 }
 
 SHARD_TABLES: frozenset[str] = frozenset(
-    [*OBJECT_TABLES, *MAPPING_TABLES, *DIRECTORY_TABLES])
+    [*OBJECT_TABLES, *MAPPING_TABLES, *DIRECTORY_TABLES, *FARM_TABLES])
 _DB_NAME = re.compile(r"^(db|mod)\d{5}$")
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
@@ -125,6 +133,7 @@ def shard_ddl(shard: int) -> list[str]:
     out += [_OBJECT_DDL.format(q=qualified(db, t)) for t in OBJECT_TABLES]
     out += [_MAPPING_DDL.format(q=qualified(db, t)) for t in MAPPING_TABLES]
     out += [ddl.format(q=qualified(db, t)) for t, ddl in DIRECTORY_TABLES.items()]
+    out += [ddl.format(q=qualified(db, t)) for t, ddl in FARM_TABLES.items()]
     return out
 
 

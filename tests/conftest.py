@@ -104,3 +104,20 @@ def run_farm(env: dict[str, str], *args: str, input: str | None = None,
     """Run the real ``farm`` command in a subprocess."""
     return subprocess.run([sys.executable, "-m", "scripts", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, input=input, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def ledger(settings):
+    """The chunk ledger on a fresh test control database."""
+    from shardfarm import control_schema
+    from shardfarm.db import connect, ensure_database
+    from shardfarm.ledger import Ledger
+    conn = connect(settings.control_dsn, database=False)
+    with conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{settings.control_dsn.database}`")
+    conn.close()
+    ensure_database(settings.control_dsn)
+    control_schema.ensure(settings.control_dsn)
+    led = Ledger(settings.control_dsn)
+    yield led
+    led.close()

@@ -20,7 +20,7 @@ def _tables(port: int, like: str) -> dict[str, set[str]]:
 
 
 def test_every_table_on_its_master(router, server_b):
-    expected = {*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard"}
+    expected = {*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard", "chunk_fences"}
     a = _tables(3306, "db650%")
     b = _tables(server_b.port, "db650%")
     for s in range(SHARDS_A[0], SHARDS_A[1] + 1):

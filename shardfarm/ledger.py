@@ -1,0 +1,258 @@
+"""The chunk ledger in the control database: runs, chunk states, leases and fencing.
+
+A chunk is ``pending`` → ``running`` (leased to one owner, with an expiry and a
+fencing token) → ``done`` or ``failed``. A claim bumps the fence; every later
+step of that owner (renew, finish, fail) only succeeds while the fence is
+still its own, so a zombie whose lease expired and was taken over can neither
+extend it nor mark the chunk done. Times come from the database's clock only.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from shardfarm.dsn import DSN
+from shardfarm.errors import FatalError, FencedError
+from sharding.fencing import FenceToken
+from sharding.pool import Pool
+from sharding.shardmap import Host
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """A chunk to create: its kind (e.g. ``pins``) and JSON-safe arguments."""
+
+    kind: str
+    args: dict
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A claimed chunk: what to do, and the token that proves the claim is current."""
+
+    run_id: str
+    chunk_id: int
+    kind: str
+    args: dict
+    owner: str
+    fence: int
+    attempts: int
+
+    @property
+    def token(self) -> FenceToken:
+        """The fencing token shard writes of this lease carry."""
+        return FenceToken(self.run_id, self.chunk_id, self.fence)
+
+
+@dataclass
+class Outcome:
+    """What a chunk did: rows read, written, quarantined, plus any per-table counts."""
+
+    rows_read: int = 0
+    rows_written: int = 0
+    rows_quarantined: int = 0
+    counts: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimRefused:
+    """Why a chunk could not be claimed: ``done``, ``failed``, ``leased``, ``paused``,
+    ``not_before`` (backing off) or ``missing``."""
+
+    reason: str
+
+
+def new_run_id(kind: str) -> str:
+    """A sortable, unique run ID such as ``migrate-20261122T0542-3f9a``."""
+    return f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+class Ledger:
+    """Runs and chunks in the control database."""
+
+    def __init__(self, dsn: DSN, pool_size: int = 4) -> None:
+        host = Host("control", dsn.host, dsn.port, dsn.user, dsn.password)
+        self.pool = Pool(host, size=pool_size, database=dsn.database)
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        self.pool.close()
+
+    def _exec(self, sql: str, params: tuple | list = ()) -> int:
+        with self.pool.connection() as conn, conn.cursor() as cur:
+            return cur.execute(sql, params)
+
+    def _rows(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        with self.pool.connection() as conn, conn.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+
+    # -- runs ---------------------------------------------------------------------------
+    def create_run(self, kind: str, queue: str, params: dict, chunks: Iterable[ChunkSpec],
+                   run_id: str | None = None, batch: int = 2000) -> str:
+        """Create a run and all its chunks (``pending``) in one transaction."""
+        run_id = run_id or new_run_id(kind)
+        with self.pool.connection() as conn:
+            conn.begin()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("INSERT INTO runs (run_id, kind, queue, params) "
+                                "VALUES (%s,%s,%s,%s)", (run_id, kind, queue, json.dumps(params)))
+                    total = self._insert_chunks(cur, run_id, chunks, batch)
+                    cur.execute("UPDATE runs SET total_chunks = %s WHERE run_id = %s",
+                                (total, run_id))
+                conn.commit()
+            except BaseException:
+                conn.rollback()
+                raise
+        return run_id
+
+    @staticmethod
+    def _insert_chunks(cur, run_id: str, chunks: Iterable[ChunkSpec], batch: int) -> int:
+        rows, n = [], 0
+        for spec in chunks:
+            rows.append((run_id, n, spec.kind, json.dumps(spec.args)))
+            n += 1
+            if len(rows) >= batch:
+                cur.executemany("INSERT INTO chunks (run_id, chunk_id, kind, args) "
+                                "VALUES (%s,%s,%s,%s)", rows)
+                rows = []
+        if rows:
+            cur.executemany("INSERT INTO chunks (run_id, chunk_id, kind, args) "
+                            "VALUES (%s,%s,%s,%s)", rows)
+        return n
+
+    def run(self, run_id: str) -> dict:
+        """One run's row as a dict; ``FatalError`` if there is no such run."""
+        rows = self._rows("SELECT run_id, kind, status, queue, params, paused, total_chunks, "
+                          "created_at, finished_at FROM runs WHERE run_id = %s", (run_id,))
+        if not rows:
+            raise FatalError(f"no run {run_id!r} (see 'farm status' for the runs there are)")
+        keys = ("run_id", "kind", "status", "queue", "params", "paused", "total_chunks",
+                "created_at", "finished_at")
+        out = dict(zip(keys, rows[0], strict=True))
+        out["params"] = json.loads(out["params"])
+        out["paused"] = bool(out["paused"])
+        return out
+
+    def runs(self, limit: int = 20, active_only: bool = False) -> list[str]:
+        """Newest run IDs first."""
+        where = "WHERE status IN ('running', 'paused')" if active_only else ""
+        return [r[0] for r in self._rows(
+            f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s", (limit,))]
+
+    def set_paused(self, run_id: str, paused: bool) -> None:
+        """Pause or unpause a run: workers take no new chunks of a paused run."""
+        self.run(run_id)
+        self._exec("UPDATE runs SET paused = %s WHERE run_id = %s", (int(paused), run_id))
+
+    def refresh_status(self, run_id: str) -> str:
+        """Recompute a run's status from its chunks (``running``, ``done`` or ``failed``)."""
+        (pending, failed), = self._rows(
+            "SELECT COALESCE(SUM(state IN ('pending', 'running')), 0), "
+            "COALESCE(SUM(state = 'failed'), 0) FROM chunks WHERE run_id = %s", (run_id,))
+        status = "running" if pending else ("failed" if failed else "done")
+        self._exec("UPDATE runs SET status = %s, finished_at = IF(%s = 'running', NULL, "
+                   "COALESCE(finished_at, NOW(3))) WHERE run_id = %s", (status, status, run_id))
+        return status
+
+    # -- chunks -------------------------------------------------------------------------
+    def claim(self, run_id: str, chunk_id: int, owner: str,
+              lease_seconds: float = 60) -> Lease | ClaimRefused:
+        """Lease a pending (or expired) chunk to ``owner``, bumping its fence."""
+        n = self._exec(
+            "UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
+            "SET c.state = 'running', c.attempts = c.attempts + 1, c.fence = c.fence + 1, "
+            "c.lease_owner = %s, c.lease_expires = NOW(3) + INTERVAL %s MICROSECOND, "
+            "c.started_at = NOW(3) "
+            "WHERE c.run_id = %s AND c.chunk_id = %s AND r.paused = 0 "
+            "AND (c.not_before IS NULL OR c.not_before <= NOW(3)) "
+            "AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_expires < NOW(3)))",
+            (owner, int(lease_seconds * 1e6), run_id, chunk_id))
+        rows = self._rows(
+            "SELECT c.kind, c.args, c.fence, c.attempts, c.state, c.lease_owner, r.paused, "
+            "c.not_before > NOW(3) FROM chunks c JOIN runs r ON r.run_id = c.run_id "
+            "WHERE c.run_id = %s AND c.chunk_id = %s", (run_id, chunk_id))
+        if not rows:
+            return ClaimRefused("missing")
+        kind, args, fence, attempts, state, lease_owner, paused, backing_off = rows[0]
+        if n == 1 and lease_owner == owner and state == "running":
+            return Lease(run_id, chunk_id, kind, json.loads(args), owner, fence, attempts)
+        if state in ("done", "failed"):
+            return ClaimRefused(state)
+        if paused:
+            return ClaimRefused("paused")
+        return ClaimRefused("not_before" if backing_off else "leased")
+
+    def _fenced(self, lease: Lease, sql: str, params: tuple) -> None:
+        n = self._exec(sql + " WHERE run_id = %s AND chunk_id = %s AND fence = %s "
+                       "AND state = 'running'", (*params, lease.run_id, lease.chunk_id,
+                                                 lease.fence))
+        if n != 1:
+            raise FencedError(f"chunk {lease.chunk_id} of run {lease.run_id}: lease "
+                              f"{lease.fence} of {lease.owner} is no longer current")
+
+    def renew(self, lease: Lease, lease_seconds: float = 60) -> None:
+        """Extend a lease; ``FencedError`` if it was taken over."""
+        self._fenced(lease, "UPDATE chunks SET lease_expires = NOW(3) + INTERVAL %s MICROSECOND",
+                     (int(lease_seconds * 1e6),))
+
+    def finish(self, lease: Lease, outcome: Outcome) -> None:
+        """Mark the chunk done with its counts; ``FencedError`` if it was taken over."""
+        self._fenced(lease, "UPDATE chunks SET state = 'done', finished_at = NOW(3), "
+                     "seconds = TIMESTAMPDIFF(MICROSECOND, started_at, NOW(3)) / 1e6, "
+                     "rows_read = %s, rows_written = %s, rows_quarantined = %s, counts = %s, "
+                     "lease_owner = NULL, lease_expires = NULL, last_error = NULL",
+                     (outcome.rows_read, outcome.rows_written, outcome.rows_quarantined,
+                      json.dumps(outcome.counts)))
+
+    def fail(self, lease: Lease, error: str, retry_in: float | None) -> str:
+        """Record a failure: back to ``pending`` after ``retry_in`` seconds, or ``failed``."""
+        state = "pending" if retry_in is not None else "failed"
+        self._fenced(lease, "UPDATE chunks SET state = %s, last_error = %s, lease_owner = NULL, "
+                     "lease_expires = NULL, not_before = NOW(3) + INTERVAL %s MICROSECOND",
+                     (state, error[:1000], int((retry_in or 0) * 1e6)))
+        return state
+
+    def release(self, lease: Lease) -> None:
+        """Give a chunk back untouched (e.g. on warm shutdown before any work)."""
+        self._fenced(lease, "UPDATE chunks SET state = 'pending', attempts = attempts - 1, "
+                     "lease_owner = NULL, lease_expires = NULL", ())
+
+    def unfinished(self, run_id: str, include_failed: bool = False) -> list[int]:
+        """Chunk IDs not done (pending, running; failed too if asked)."""
+        states = ("pending", "running", "failed") if include_failed else ("pending", "running")
+        marks = ",".join(["%s"] * len(states))
+        return [r[0] for r in self._rows(
+            f"SELECT chunk_id FROM chunks WHERE run_id = %s AND state IN ({marks}) "
+            "ORDER BY chunk_id", (run_id, *states))]
+
+    def expired(self, limit: int = 1000) -> list[tuple[str, int]]:
+        """Running chunks whose lease expired (their worker died): ``(run_id, chunk_id)``."""
+        return [(r[0], r[1]) for r in self._rows(
+            "SELECT c.run_id, c.chunk_id FROM chunks c JOIN runs r ON r.run_id = c.run_id "
+            "WHERE r.status = 'running' AND c.state = 'running' AND c.lease_expires < NOW(3) "
+            "LIMIT %s", (limit,))]
+
+    def reset_failed(self, run_id: str) -> int:
+        """Failed chunks back to pending with a fresh attempt budget; returns how many."""
+        n = self._exec("UPDATE chunks SET state = 'pending', attempts = 0, not_before = NULL "
+                       "WHERE run_id = %s AND state = 'failed'", (run_id,))
+        if n:
+            self._exec("UPDATE runs SET status = 'running', finished_at = NULL "
+                       "WHERE run_id = %s", (run_id,))
+        return n
+
+    def chunk(self, run_id: str, chunk_id: int) -> dict:
+        """One chunk's row as a dict (for tests and ``farm failed``)."""
+        cols = ("state", "attempts", "fence", "lease_owner", "rows_read", "rows_written",
+                "rows_quarantined", "last_error", "kind", "args")
+        rows = self._rows(f"SELECT {', '.join(cols)} FROM chunks WHERE run_id = %s "
+                          "AND chunk_id = %s", (run_id, chunk_id))
+        if not rows:
+            raise FatalError(f"no chunk {chunk_id} in run {run_id!r}")
+        return dict(zip(cols, rows[0], strict=True))

@@ -1,0 +1,96 @@
+"""The chunk ledger: claims, leases, fencing of zombies (in the ledger and on the shards)."""
+
+import time
+
+import pytest
+
+from shardfarm.errors import FatalError, FencedError
+from shardfarm.ledger import ChunkSpec, ClaimRefused, Lease, Outcome
+from sharding import fencing
+from sharding.schema import shard_table
+from tests.conftest import SHARDS_B
+
+
+def _run(ledger, n=3):
+    return ledger.create_run("test", "q", {"x": 1}, [ChunkSpec("k", {"i": i}) for i in range(n)])
+
+
+def test_claim_finish_and_run_status(ledger):
+    run = _run(ledger, 2)
+    assert ledger.run(run)["total_chunks"] == 2
+    a = ledger.claim(run, 0, "w1")
+    assert isinstance(a, Lease) and a.args == {"i": 0} and a.attempts == 1
+    assert ledger.claim(run, 0, "w2") == ClaimRefused("leased")
+    ledger.finish(a, Outcome(rows_read=5, rows_written=4, rows_quarantined=1))
+    assert ledger.claim(run, 0, "w2") == ClaimRefused("done")
+    assert ledger.refresh_status(run) == "running"
+    b = ledger.claim(run, 1, "w1")
+    ledger.finish(b, Outcome())
+    assert ledger.refresh_status(run) == "done"
+    assert ledger.chunk(run, 0)["rows_written"] == 4
+
+
+def test_expired_lease_is_taken_over_and_zombie_fenced(ledger):
+    run = _run(ledger, 1)
+    zombie = ledger.claim(run, 0, "zombie", lease_seconds=0.2)
+    time.sleep(0.3)
+    assert ledger.expired() and (run, 0) in ledger.expired()
+    heir = ledger.claim(run, 0, "heir")
+    assert isinstance(heir, Lease) and heir.fence == zombie.fence + 1 and heir.attempts == 2
+    for late in (lambda: ledger.finish(zombie, Outcome()), lambda: ledger.renew(zombie),
+                 lambda: ledger.fail(zombie, "x", None)):
+        with pytest.raises(FencedError):
+            late()
+    ledger.finish(heir, Outcome(rows_written=1))
+    assert ledger.chunk(run, 0)["state"] == "done"
+
+
+def test_zombie_write_on_shard_after_heir_is_refused(ledger, router):
+    run = _run(ledger, 1)
+    shard = SHARDS_B[0]
+    q = shard_table(shard, "user_has_pins")
+    zombie = ledger.claim(run, 0, "zombie", lease_seconds=0.1)
+    time.sleep(0.2)
+    heir = ledger.claim(run, 0, "heir")
+
+    def write(token, to_id):
+        def tx(cur):
+            fencing.check(cur, shard, token)
+            cur.execute(f"INSERT INTO {q} (from_id, to_id, sequence) VALUES (424242, %s, 1)",
+                        (to_id,))
+        router.run(shard, tx)
+    write(heir.token, 1)
+    with pytest.raises(FencedError):
+        write(zombie.token, 2)
+    rows = router.run(shard, lambda cur: (cur.execute(
+        f"SELECT to_id FROM {q} WHERE from_id = 424242"), cur.fetchall())[1])
+    assert [r[0] for r in rows] == [1]
+
+
+def test_pause_refuses_claims(ledger):
+    run = _run(ledger, 1)
+    ledger.set_paused(run, True)
+    assert ledger.claim(run, 0, "w") == ClaimRefused("paused")
+    ledger.set_paused(run, False)
+    assert isinstance(ledger.claim(run, 0, "w"), Lease)
+
+
+def test_fail_with_backoff_then_failed_and_reset(ledger):
+    run = _run(ledger, 1)
+    a = ledger.claim(run, 0, "w")
+    assert ledger.fail(a, "deadlock", retry_in=0.3) == "pending"
+    assert ledger.claim(run, 0, "w") == ClaimRefused("not_before")
+    time.sleep(0.35)
+    b = ledger.claim(run, 0, "w")
+    assert isinstance(b, Lease) and b.attempts == 2
+    assert ledger.fail(b, "bad input", retry_in=None) == "failed"
+    assert ledger.refresh_status(run) == "failed"
+    assert ledger.unfinished(run) == [] and ledger.unfinished(run, include_failed=True) == [0]
+    assert ledger.reset_failed(run) == 1
+    assert isinstance(ledger.claim(run, 0, "w"), Lease)
+
+
+def test_unknown_run(ledger):
+    with pytest.raises(FatalError, match="no run"):
+        ledger.run("nope")
+    assert ledger.claim("nope", 0, "w") == ClaimRefused("missing")
