@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
+import redis
 
 from shardfarm import log
 from shardfarm.errors import FarmError, InvalidIdError
@@ -21,6 +23,11 @@ class FarmGroup(click.Group):
             sys.exit(2)
         except FarmError as exc:
             click.echo(f"farm: error: {exc}", err=True)
+            sys.exit(1)
+        except redis.RedisError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            click.echo(f"farm: error: Redis: {first} (check FARM_REDIS_URL and that Redis "
+                       "is running)", err=True)
             sys.exit(1)
 
 
@@ -39,8 +46,8 @@ def cli(log_level: str | None) -> None:
 
 
 def _register() -> None:
-    from scripts import cmd_demo, cmd_ids, cmd_shards
-    for module in (cmd_ids, cmd_shards, cmd_demo):
+    from scripts import cmd_demo, cmd_ids, cmd_queue, cmd_shards
+    for module in (cmd_ids, cmd_shards, cmd_queue, cmd_demo):
         module.register(cli)
 
 
@@ -49,6 +56,8 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors, like every other error, are one line."""
+    if os.getcwd() not in sys.path:  # like rq's --path ., so operators' own modules import
+        sys.path.insert(0, os.getcwd())
     try:
         cli.main(args=argv, prog_name="farm", standalone_mode=False)
     except click.UsageError as exc:

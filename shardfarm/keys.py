@@ -1,0 +1,54 @@
+"""Every Redis key shardfarm uses, built here and nowhere else.
+
+rq's own keys (``rq:queue:…``, ``rq:job:…``, registries) are built by rq; these
+are the farm's additions beside them.
+"""
+
+from __future__ import annotations
+
+PREFIX = "farm"
+
+
+def dedup(queue: str) -> str:
+    """Set of deterministic job IDs already enqueued on ``queue``."""
+    return f"{PREFIX}:dedup:{queue}"
+
+
+def items_queued(queue: str) -> str:
+    """Counter of items waiting on ``queue`` (a job may carry many items)."""
+    return f"{PREFIX}:items:{queue}"
+
+
+def item_progress(job_id: str) -> str:
+    """How many items of a multi-item job are already done (resume point after a crash)."""
+    return f"{PREFIX}:progress:{job_id}"
+
+
+def failed_items(queue: str) -> str:
+    """Hash of failed items of ``queue``: item ID -> JSON with the reason."""
+    return f"{PREFIX}:failed:{queue}"
+
+
+def desired_workers(host: str | None = None) -> str:
+    """Desired worker count, for every host (``None``) or one host."""
+    return f"{PREFIX}:scale:{host or '*'}"
+
+
+def supervisors() -> str:
+    """Hash of live supervisors: ``host:pid`` -> JSON heartbeat."""
+    return f"{PREFIX}:supervisors"
+
+
+def throttle(run_id: str) -> str:
+    """Why a run is throttled right now (expires by itself)."""
+    return f"{PREFIX}:throttle:{run_id}"
+
+
+def leader(name: str) -> str:
+    """Leader lease of a singleton such as the nightly scheduler."""
+    return f"{PREFIX}:leader:{name}"
+
+
+def cron_last(name: str) -> str:
+    """The last schedule slot a cron entry fired for."""
+    return f"{PREFIX}:cron:{name}:last"
