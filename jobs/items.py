@@ -13,12 +13,11 @@ import importlib
 import json
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 from rq import get_current_job
 
 from shardfarm import keys
-from shardfarm.errors import FatalError, RetryableError
+from shardfarm.errors import FatalError
 from shardfarm.retry import TRANSIENT
 
 MAX_ITEM_ATTEMPTS = 5
@@ -60,7 +59,7 @@ def _run_one(fn: Callable, function: str, item: list, conn, queue: str) -> str:
         return "done"
     except FatalError as exc:
         return _fail(conn, queue, function, item_id, kwargs, attempts, exc)
-    except (RetryableError, Exception) as exc:
+    except Exception as exc:  # noqa: BLE001 - unknown errors get a bounded retry
         if attempts >= MAX_ITEM_ATTEMPTS:
             return _fail(conn, queue, function, item_id, kwargs, attempts, exc)
         _defer(conn, queue, function, [item_id, kwargs, attempts], attempts)
@@ -76,16 +75,5 @@ def _fail(conn, queue: str, function: str, item_id: str, kwargs: dict, attempts:
 
 
 def _defer(conn, queue: str, function: str, item: list, attempts: int) -> None:
-    from jobs.queue import envelope, rq_queue
-    delay = min(600, 5 * 2 ** (attempts - 1))
-    conn.incrby(keys.items_queued(queue), 1)
-    rq_queue(conn, queue).enqueue_in(timedelta(seconds=delay), "jobs.items.run_items",
-                                     **_as_enqueue_kwargs(envelope(function, [item])))
-
-
-def _as_enqueue_kwargs(env: dict) -> dict:
-    """``envelope()`` speaks ``prepare_data``; ``enqueue_in`` wants ``job_timeout`` and kwargs."""
-    out = dict(env)
-    out["job_timeout"] = out.pop("timeout")
-    kwargs = out.pop("kwargs")
-    return {**kwargs, **out}
+    from jobs.queue import enqueue_later
+    enqueue_later(conn, queue, function, [item], delay=min(600, 5 * 2 ** (attempts - 1)))

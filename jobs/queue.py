@@ -14,6 +14,7 @@ import importlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import orjson
 import redis
@@ -84,6 +85,17 @@ def envelope(function: str, items: list[list], description: str | None = None) -
             "description": description or f"{function} x{len(items)}",
             "result_ttl": 0, "failure_ttl": FAILURE_TTL, "timeout": JOB_TIMEOUT,
             "retry": JOB_RETRIES}
+
+
+def enqueue_later(conn: redis.Redis, queue: str, function: str, items: list[list],
+                  delay: float) -> None:
+    """Schedule one rq job carrying ``items`` ``delay`` seconds from now."""
+    env = envelope(function, items)
+    conn.incrby(keys.items_queued(queue), len(items))
+    rq_queue(conn, queue).enqueue_in(
+        timedelta(seconds=max(1.0, delay)), "jobs.items.run_items", **env["kwargs"],
+        job_timeout=env["timeout"], result_ttl=0, failure_ttl=env["failure_ttl"],
+        retry=env["retry"], description=env["description"])
 
 
 def _batches(it: Iterable[dict], size: int) -> Iterator[list[dict]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from jobs.runtime import Runtime
 from shardfarm.settings import Settings
 from sharding.router import Router
 from sharding.shardmap import ShardMapSource
@@ -28,6 +29,14 @@ class App:
         router = Router(self.source)
         self._closers.append(router.close)
         return router
+
+    @cached_property
+    def runtime(self) -> Runtime:
+        """Router, ledger and Redis as the jobs use them."""
+        rt = Runtime(self.settings)
+        rt.__dict__["router"] = self.router  # share one set of pools
+        self._closers.append(rt.close)
+        return rt
 
     def close(self) -> None:
         """Release every pooled connection."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from shardfarm.errors import ConfigError
 
@@ -41,6 +41,12 @@ class DSN:
 
     def __str__(self) -> str:
         auth = f"{self.user}:***" if self.password else self.user
+        return f"mysql://{auth}@{self.host}:{self.port}/{self.database}"
+
+    def url(self) -> str:
+        """The full DSN, password included: for a child process's environment, never for output."""
+        auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}"
+                                            if self.password else "")
         return f"mysql://{auth}@{self.host}:{self.port}/{self.database}"
 
     def connect_args(self) -> dict:

@@ -256,3 +256,30 @@ class Ledger:
         if not rows:
             raise FatalError(f"no chunk {chunk_id} in run {run_id!r}")
         return dict(zip(cols, rows[0], strict=True))
+
+    # -- reporting ----------------------------------------------------------------------
+    def progress(self, run_id: str) -> list[dict]:
+        """Per chunk kind: chunk counts by state, row totals and timings."""
+        cols = ("kind", "total", "done", "failed", "running", "pending", "rows_read",
+                "rows_written", "rows_quarantined", "busy_seconds", "first_start",
+                "last_finish", "now")
+        rows = self._rows(
+            "SELECT kind, COUNT(*), SUM(state = 'done'), SUM(state = 'failed'), "
+            "SUM(state = 'running'), SUM(state = 'pending'), SUM(rows_read), SUM(rows_written), "
+            "SUM(rows_quarantined), SUM(seconds), MIN(started_at), MAX(finished_at), NOW(3) "
+            "FROM chunks WHERE run_id = %s GROUP BY kind ORDER BY MIN(chunk_id)", (run_id,))
+        out = []
+        for r in rows:
+            d = dict(zip(cols, r, strict=True))
+            for k in cols[1:10]:
+                d[k] = float(d[k] or 0) if k == "busy_seconds" else int(d[k] or 0)
+            out.append(d)
+        return out
+
+    def failures(self, run_id: str | None = None, limit: int = 100) -> list[dict]:
+        """Failed chunks (newest runs first) with their reasons."""
+        where, params = ("AND run_id = %s", [run_id]) if run_id else ("", [])
+        cols = ("run_id", "chunk_id", "kind", "attempts", "last_error", "args")
+        rows = self._rows(f"SELECT {', '.join(cols)} FROM chunks WHERE state = 'failed' {where} "
+                          "ORDER BY run_id DESC, chunk_id LIMIT %s", [*params, limit])
+        return [dict(zip(cols, r, strict=True)) for r in rows]

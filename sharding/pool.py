@@ -71,7 +71,7 @@ class Pool:
                 charset="utf8mb4", autocommit=True,
                 local_infile=True, connect_timeout=self.connect_timeout,
             )
-        except Exception as exc:
+        except (pymysql.MySQLError, OSError) as exc:
             raise translate(exc, self.host.name, None) from None
 
     def _check_fork(self) -> None:

@@ -1,0 +1,10 @@
+"""The rq entry point of every run's chunks: claim, run the run's handler, finish or fail."""
+
+from __future__ import annotations
+
+from jobs import lifecycle, runtime
+
+
+def run_chunk(run_id: str, chunk_id: int) -> None:
+    """Run chunk ``chunk_id`` of ``run_id``; safe to deliver twice or to a zombie."""
+    lifecycle.execute(runtime.get(), run_id, chunk_id)

@@ -1,0 +1,63 @@
+"""Per-process resources shared by every job a worker runs: built once, reused across jobs."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from functools import cached_property
+
+import redis
+
+from shardfarm.ledger import Ledger
+from shardfarm.settings import Settings
+from sharding.router import Router
+from sharding.shardmap import ShardMapSource
+
+
+@dataclass
+class Runtime:
+    """Settings plus lazily built router, ledger and Redis connection."""
+
+    settings: Settings
+
+    @cached_property
+    def router(self) -> Router:
+        """Pooled shard connections (one pool per physical server)."""
+        return Router(ShardMapSource(self.settings.shardmap_path))
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        """The chunk ledger in the control database."""
+        return Ledger(self.settings.control_dsn)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        """The farm's Redis."""
+        return redis.Redis.from_url(self.settings.redis_url)
+
+    def close(self) -> None:
+        """Release pooled connections that were opened."""
+        for name in ("router", "ledger"):
+            if name in self.__dict__:
+                self.__dict__[name].close()
+
+
+_lock = threading.Lock()
+_current: tuple[int, Runtime] | None = None
+
+
+def get() -> Runtime:
+    """This process's runtime, built from the environment on first use (and after a fork)."""
+    global _current
+    with _lock:
+        if _current is None or _current[0] != os.getpid():
+            _current = (os.getpid(), Runtime(Settings.from_env()))
+        return _current[1]
+
+
+def install(rt: Runtime) -> None:
+    """Use ``rt`` as this process's runtime (workers and tests)."""
+    global _current
+    with _lock:
+        _current = (os.getpid(), rt)

@@ -1,0 +1,107 @@
+"""Where the farm stands: runs and chunk kinds from the ledger, workers and queues from Redis.
+
+Cost does not grow with the number of queued jobs: queue depths are ``LLEN``s
+and counters, never scans of job keys.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+
+from rq import Queue, Worker
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+from rq.serializers import JSONSerializer
+
+from jobs.runtime import Runtime
+from shardfarm import keys
+
+
+def kind_view(k: dict) -> dict:
+    """One chunk kind's progress with its rate and ETA (ETA only once 1% is done)."""
+    elapsed = (k["now"] - k["first_start"]).total_seconds() if k["first_start"] else 0.0
+    if k["done"] + k["failed"] == k["total"] and k["last_finish"] and k["first_start"]:
+        elapsed = (k["last_finish"] - k["first_start"]).total_seconds()
+    rate = k["rows_written"] / elapsed if elapsed > 0 else 0.0
+    frac = k["done"] / k["total"] if k["total"] else 1.0
+    eta = elapsed * (1 - frac) / frac if frac >= 0.01 and frac < 1 else None
+    return {"kind": k["kind"], "done": k["done"], "total": k["total"], "running": k["running"],
+            "failed": k["failed"], "rows_read": k["rows_read"], "rows_written": k["rows_written"],
+            "quarantined": k["rows_quarantined"], "rows_per_s": round(rate, 1),
+            "eta_s": None if eta is None else round(eta, 1)}
+
+
+def run_view(rt: Runtime, run_id: str) -> dict:
+    """One run: status, pause/throttle state and per-kind progress."""
+    run = rt.ledger.run(run_id)
+    throttled = rt.redis.get(keys.throttle(run_id))
+    return {"run_id": run_id, "kind": run["kind"], "status": run["status"],
+            "paused": run["paused"], "queue": run["queue"],
+            "throttled": throttled.decode() if throttled else None,
+            "created_at": run["created_at"].isoformat(timespec="seconds"),
+            "kinds": [kind_view(k) for k in rt.ledger.progress(run_id)]}
+
+
+def workers_view(rt: Runtime) -> dict:
+    """Workers alive per host (rq's worker registry) and supervisors' desired counts."""
+    per_host: dict[str, dict] = defaultdict(lambda: {"workers": 0, "busy": 0, "desired": None})
+    for w in Worker.all(connection=rt.redis, serializer=JSONSerializer):
+        h = per_host[w.hostname or "?"]
+        h["workers"] += 1
+        h["busy"] += w.get_state() == "busy"
+    now = time.time()
+    for me, raw in rt.redis.hgetall(keys.supervisors()).items():
+        doc = json.loads(raw)
+        if now - doc["at"] > 15:
+            rt.redis.hdel(keys.supervisors(), me)
+            continue
+        h = per_host[doc["host"]]
+        h["desired"] = (h["desired"] or 0) + doc["desired"]
+    return dict(per_host)
+
+
+def queues_view(rt: Runtime) -> dict:
+    """Per queue: rq jobs waiting, items they carry, scheduled and failed jobs."""
+    out = {}
+    for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
+        items = rt.redis.get(keys.items_queued(q.name))
+        out[q.name] = {"jobs": q.count, "items": int(items or 0),
+                       "scheduled": ScheduledJobRegistry(queue=q).count,
+                       "failed_jobs": FailedJobRegistry(queue=q).count,
+                       "failed_items": rt.redis.hlen(keys.failed_items(q.name))}
+    return out
+
+
+def farm_view(rt: Runtime, run_id: str | None = None, limit: int = 5) -> dict:
+    """Everything ``farm status`` shows."""
+    run_ids = [run_id] if run_id else rt.ledger.runs(limit=limit)
+    return {"runs": [run_view(rt, r) for r in run_ids], "workers": workers_view(rt),
+            "queues": queues_view(rt)}
+
+
+def failed_items(rt: Runtime) -> list[dict]:
+    """Failed items of ``farm enqueue`` jobs, in the shape ``farm failed`` prints."""
+    out = []
+    for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
+        for item_id, raw in rt.redis.hgetall(keys.failed_items(q.name)).items():
+            doc = json.loads(raw)
+            out.append({"where": f"queue {q.name} item {item_id.decode()}",
+                        "kind": doc["function"], "attempts": doc["attempts"],
+                        "last_error": doc["error"], "args": doc["kwargs"]})
+    return out
+
+
+def retry_failed_items(rt: Runtime) -> int:
+    """Re-enqueue every failed item on its queue; returns how many."""
+    from jobs.queue import enqueue_many
+    n = 0
+    for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
+        key = keys.failed_items(q.name)
+        for item_id, raw in rt.redis.hgetall(key).items():
+            doc = json.loads(raw)
+            enqueue_many(q.name, doc["function"], [doc["kwargs"]], connection=rt.redis,
+                         dedup=False)
+            rt.redis.hdel(key, item_id)
+            n += 1
+    return n

@@ -1,0 +1,121 @@
+"""Operating runs: ``status``, ``resume``, ``pause``, ``unpause``, ``failed``, ``retry-failed``."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from jobs import runs, status
+from scripts.app import App
+from scripts.options import emit, farm_options
+from scripts.render import RunProgress, echo_lines, status_lines
+
+
+def finish(app: App, run_id: str, wait: bool) -> None:
+    """Print the run's JSON summary (after showing progress until it ends, with ``wait``).
+
+    With ``wait`` the exit code is 0 only if every chunk finished.
+    """
+    rt = app.runtime
+    if wait:
+        bar = RunProgress(run_id)
+        try:
+            runs.wait(rt, run_id, on_tick=bar)
+        finally:
+            bar.close()
+    doc = runs.summary(rt, run_id)
+    emit(doc)
+    if wait and doc["status"] != "done":
+        sys.exit(1)
+
+
+@click.command("status")
+@click.option("--run", "run_id", default=None, help="Only this run.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
+@click.option("--watch", is_flag=True, help="Refresh every 2 seconds until Ctrl-C.")
+@farm_options
+def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None:
+    """Where runs stand: chunks done/total, rows/s, ETA, failures, workers, queue depths."""
+    while True:
+        view = status.farm_view(app.runtime, run_id)
+        if as_json:
+            emit(view)
+        else:
+            if watch:
+                click.clear()
+            echo_lines(status_lines(view))
+        if not watch:
+            return
+        time.sleep(2)
+
+
+@click.command("resume")
+@click.argument("run_id")
+@click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@farm_options
+def resume(app: App, run_id: str, wait: bool) -> None:
+    """Re-enqueue every chunk of RUN_ID that is not done (e.g. after Redis restarted empty)."""
+    n = runs.resume(app.runtime, run_id)
+    click.echo(f"re-enqueued {n} unfinished chunk(s) of {run_id}", err=True)
+    finish(app, run_id, wait)
+
+
+@click.command("pause")
+@click.argument("run_id")
+@farm_options
+def pause(app: App, run_id: str) -> None:
+    """Workers take no new chunks of RUN_ID; chunks in hand finish."""
+    app.runtime.ledger.set_paused(run_id, True)
+    emit({"run_id": run_id, "paused": True})
+
+
+@click.command("unpause")
+@click.argument("run_id")
+@farm_options
+def unpause(app: App, run_id: str) -> None:
+    """Let workers take chunks of RUN_ID again (its unfinished chunks are re-enqueued)."""
+    app.runtime.ledger.set_paused(run_id, False)
+    n = runs.resume(app.runtime, run_id)
+    emit({"run_id": run_id, "paused": False, "enqueued": n})
+
+
+@click.command("failed")
+@click.option("--run", "run_id", default=None, help="Only this run.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
+@farm_options
+def failed(app: App, run_id: str | None, as_json: bool) -> None:
+    """List failed chunks (and failed enqueued items) with their reasons."""
+    rows = app.runtime.ledger.failures(run_id)
+    if not run_id:
+        rows += status.failed_items(app.runtime)
+    for r in rows:
+        if as_json:
+            emit(r)
+        else:
+            where = f"{r['run_id']} chunk {r['chunk_id']}" if "chunk_id" in r else r["where"]
+            click.echo(f"{where} ({r['kind']}, {r['attempts']} attempts): {r['last_error']}")
+    if not rows and not as_json:
+        click.echo("no failures")
+
+
+@click.command("retry-failed")
+@click.option("--run", "run_id", default=None, help="Only this run (default: every run).")
+@farm_options
+def retry_failed(app: App, run_id: str | None) -> None:
+    """Re-enqueue failed chunks (and failed enqueued items) with a fresh attempt budget."""
+    rt = app.runtime
+    run_ids = [run_id] if run_id else sorted({r["run_id"] for r in rt.ledger.failures()})
+    chunks = 0
+    for rid in run_ids:
+        if rt.ledger.reset_failed(rid):
+            chunks += runs.resume(rt, rid)
+    items = 0 if run_id else status.retry_failed_items(rt)
+    emit({"chunks": chunks, "items": items})
+
+
+def register(cli: click.Group) -> None:
+    """Attach this module's commands."""
+    for cmd in (status_cmd, resume, pause, unpause, failed, retry_failed):
+        cli.add_command(cmd)

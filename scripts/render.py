@@ -1,0 +1,70 @@
+"""Human-readable rendering of status and progress for the terminal."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from tqdm import tqdm
+
+
+def duration(seconds: float | None) -> str:
+    """``1:02:03`` style, or ``-``."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def status_lines(view: dict) -> list[str]:
+    """The lines of ``farm status``."""
+    lines = []
+    for run in view["runs"]:
+        flags = " PAUSED" * run["paused"] + (f" THROTTLED ({run['throttled']})"
+                                              if run["throttled"] else "")
+        lines.append(f"run {run['run_id']}  {run['kind']}  {run['status']}{flags}  "
+                     f"queue {run['queue']}  since {run['created_at']}")
+        lines.append(f"  {'kind':<12}{'chunks':>13}{'running':>9}{'failed':>8}"
+                     f"{'rows':>12}{'rows/s':>10}{'quarant.':>10}{'ETA':>10}")
+        for k in run["kinds"]:
+            lines.append(f"  {k['kind']:<12}{k['done']:>7}/{k['total']:<5}{k['running']:>9}"
+                         f"{k['failed']:>8}{k['rows_written']:>12}{k['rows_per_s']:>10.0f}"
+                         f"{k['quarantined']:>10}{duration(k['eta_s']):>10}")
+    if not view["runs"]:
+        lines.append("no runs yet")
+    workers = ", ".join(f"{h}: {w['workers']} alive, {w['busy']} busy"
+                        + (f", desired {w['desired']}" if w["desired"] is not None else "")
+                        for h, w in sorted(view["workers"].items())) or "none"
+    lines.append(f"workers: {workers}")
+    queues = ", ".join(f"{n}: {q['jobs']} jobs / {q['items']} items, {q['scheduled']} scheduled, "
+                       f"{q['failed_jobs'] + q['failed_items']} failed"
+                       for n, q in sorted(view["queues"].items())) or "none"
+    lines.append(f"queues: {queues}")
+    return lines
+
+
+class RunProgress:
+    """A tqdm bar of chunks done for ``--wait`` (only on a terminal)."""
+
+    def __init__(self, label: str) -> None:
+        self.bar = tqdm(desc=label, unit=" chunks", disable=not sys.stderr.isatty(),
+                        dynamic_ncols=True)
+
+    def __call__(self, kinds: list[dict]) -> None:
+        total = sum(k["total"] for k in kinds)
+        done = sum(k["done"] + k["failed"] for k in kinds)
+        rows = sum(k["rows_written"] for k in kinds)
+        self.bar.total = total
+        self.bar.n = done
+        self.bar.set_postfix(rows=rows, refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        """Finish the bar."""
+        self.bar.close()
+
+
+def echo_lines(lines: list[str]) -> None:
+    """Print lines to stdout."""
+    for line in lines:
+        click.echo(line)

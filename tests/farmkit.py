@@ -1,0 +1,50 @@
+"""Helpers for tests that run real worker processes against real Redis and MariaDB."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from tests.conftest import ROOT
+
+
+def until(cond: Callable[[], object], timeout: float = 60, every: float = 0.2,
+          what: str = "condition") -> object:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def start_workers(env: dict, count: int, *extra: str) -> subprocess.Popen:
+    """``farm workers --count N`` as a real subprocess (its own process group)."""
+    return subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count", str(count),
+                             *extra], env=env, cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def children(pid: int) -> list[int]:
+    """PIDs of the direct children of ``pid``."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True,
+                         text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def stop(proc: subprocess.Popen, timeout: float = 30) -> str:
+    """SIGTERM a supervisor, wait, and return its output (SIGKILL the group if it hangs)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.stdout.read() if proc.stdout else ""

@@ -1,0 +1,119 @@
+"""Operating runs from the command line: status, pause, throttle, failed, retry-failed."""
+
+import json
+import threading
+
+import pymysql
+import pytest
+import redis
+
+from jobs import runs
+from jobs.runtime import Runtime
+from shardfarm.ledger import ChunkSpec
+from tests.conftest import SHARDS_A, run_farm
+from tests.farmkit import start_workers, stop, until
+
+
+@pytest.fixture
+def env(farm_env, ledger, router):
+    e = {**farm_env, "FARM_LEASE_SECONDS": "3"}
+    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
+    yield e
+    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
+
+
+@pytest.fixture
+def rt(settings, env):
+    r = Runtime(settings)
+    yield r
+    r.close()
+
+
+def edges(base, n, count=50, **params):
+    return [ChunkSpec("edges", {"shard": SHARDS_A[0] + 4, "start": base + i * count,
+                                "count": count}) for i in range(n)]
+
+
+def test_status_json_and_table(rt, env):
+    run_id = runs.start(rt, "test", "tests.kinds.write_edges", edges(5_000_000, 4))
+    out = run_farm(env, "status", "--json", "--run", run_id)
+    doc = json.loads(out.stdout)
+    kind = doc["runs"][0]["kinds"][0]
+    assert (kind["kind"], kind["done"], kind["total"]) == ("edges", 0, 4)
+    assert doc["queues"]["farm"]["jobs"] == 4 and doc["runs"][0]["status"] == "running"
+    proc = start_workers(env, 1, "--burst")
+    proc.wait(timeout=60)
+    out = run_farm(env, "status", "--run", run_id)
+    assert out.returncode == 0 and f"run {run_id}" in out.stdout
+    assert "edges" in out.stdout and "4/4" in out.stdout
+
+
+def test_pause_then_unpause(rt, env):
+    run_id = runs.start(rt, "test", "tests.kinds.write_edges", edges(6_000_000, 3))
+    assert run_farm(env, "pause", run_id).returncode == 0
+    proc = start_workers(env, 1, "--burst")
+    proc.wait(timeout=60)
+    assert rt.ledger.progress(run_id)[0]["done"] == 0  # nothing taken while paused
+    out = run_farm(env, "unpause", run_id)
+    assert json.loads(out.stdout)["enqueued"] == 3
+    proc = start_workers(env, 1, "--burst")
+    proc.wait(timeout=60)
+    assert rt.ledger.refresh_status(run_id) == "done"
+
+
+def test_throttle_waits_while_server_busy(rt, env, settings):
+    stop_sleep = threading.Event()
+
+    def busy():
+        c = pymysql.connect(host="127.0.0.1", user="root")
+        with c.cursor() as cur:
+            while not stop_sleep.is_set():
+                cur.execute("SELECT SLEEP(0.5)")
+        c.close()
+    sleepers = [threading.Thread(target=busy) for _ in range(4)]
+    for t in sleepers:
+        t.start()
+    try:
+        run_id = runs.start(rt, "test", "tests.kinds.write_edges", edges(7_000_000, 2),
+                            params={"max_threads_running": 3})
+        proc = start_workers(env, 1)
+        try:
+            reason = until(lambda: json.loads(run_farm(env, "status", "--json", "--run", run_id)
+                                              .stdout)["runs"][0]["throttled"],
+                           what="throttled status")
+            assert "Threads_running" in reason and "> 3" in reason
+            assert rt.ledger.progress(run_id)[0]["done"] == 0
+            stop_sleep.set()
+            assert runs.wait(rt, run_id, timeout=60) == "done"
+        finally:
+            stop(proc)
+    finally:
+        stop_sleep.set()
+        for t in sleepers:
+            t.join()
+
+
+def test_failed_and_retry_failed(rt, env):
+    run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("bad", {"fatal": True})])
+    proc = start_workers(env, 1, "--burst")
+    proc.wait(timeout=60)
+    out = run_farm(env, "failed", "--run", run_id)
+    assert "FatalError: boom on purpose" in out.stdout and "1 attempts" in out.stdout
+    assert rt.ledger.refresh_status(run_id) == "failed"
+    out = run_farm(env, "retry-failed", "--run", run_id)
+    assert json.loads(out.stdout) == {"chunks": 1, "items": 0}
+    assert rt.ledger.chunk(run_id, 0)["state"] == "pending"
+    out = run_farm(env, "resume", "nope-run")
+    assert out.returncode == 1 and "no run 'nope-run'" in out.stderr
+
+
+def test_transient_failure_backs_off_then_fails_after_bounded_attempts(rt, env):
+    env = {**env, "FARM_CHUNK_ATTEMPTS": "2"}
+    run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("bad", {"fatal": False})])
+    proc = start_workers(env, 1)
+    try:
+        assert runs.wait(rt, run_id, timeout=90) == "failed"
+    finally:
+        stop(proc)
+    chunk = rt.ledger.chunk(run_id, 0)
+    assert chunk["attempts"] == 2 and "RetryableError" in chunk["last_error"]

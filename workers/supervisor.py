@@ -1,0 +1,154 @@
+"""Supervises N worker processes on this machine and converges to a desired count.
+
+- SIGTERM / SIGINT: every worker finishes the job in hand and exits (warm);
+  a second signal passes on, and rq's workers stop at once (cold).
+- SIGUSR1 / SIGUSR2: one worker more / one fewer.
+- ``farm scale N [--host H]`` writes a desired count to Redis; every supervisor
+  (or the one on host H) adopts it within a second or two.
+- Scale-down sends SIGTERM to the newest workers: they finish their job first.
+- One supervisor at a time also runs the farm's housekeeping (``maintenance``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import redis
+
+from jobs.runtime import Runtime
+from shardfarm import keys
+from shardfarm.settings import Settings
+from workers import maintenance
+
+log = logging.getLogger(__name__)
+TICK = 0.5
+MAINTENANCE_EVERY = 3.0
+
+
+def read_desired(conn: redis.Redis, host: str) -> int | None:
+    """The desired worker count for ``host`` (host-specific beats farm-wide), if one is set."""
+    for value in conn.mget(keys.desired_workers(host), keys.desired_workers(None)):
+        if value is not None:
+            return max(0, int(value))
+    return None
+
+
+@dataclass
+class Supervisor:
+    """Keeps ``desired`` worker processes alive on this host."""
+
+    settings: Settings
+    desired: int
+    queues: list[str]
+    burst: bool = False
+    host: str = field(default_factory=socket.gethostname)
+    children: list[subprocess.Popen] = field(default_factory=list)
+    stopping: int = 0
+    _seen_remote: int | None = None
+    _retiring: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.rt = Runtime(self.settings)
+        self.conn = self.rt.redis
+        self.me = f"{self.host}:{os.getpid()}"
+        self._seen_remote = read_desired(self.conn, self.host)
+        if self._seen_remote is not None and not self.burst:
+            self.desired = self._seen_remote
+
+    # -- signals ------------------------------------------------------------------------
+    def install_signals(self) -> None:
+        """Route SIGTERM/SIGINT/SIGUSR1/SIGUSR2 to this supervisor."""
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        signal.signal(signal.SIGUSR1, lambda *_: self._adjust(+1))
+        signal.signal(signal.SIGUSR2, lambda *_: self._adjust(-1))
+
+    def _adjust(self, delta: int) -> None:
+        self.desired = max(0, self.desired + delta)
+        log.info("desired workers now %d (signal)", self.desired)
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        self.stopping += 1
+        log.info("stopping (%s); signal %d", "warm" if self.stopping == 1 else "cold", signum)
+        for child in self.alive():
+            child.send_signal(signal.SIGTERM)
+
+    # -- children -----------------------------------------------------------------------
+    def alive(self) -> list[subprocess.Popen]:
+        """Children that have not exited, reaping those that did."""
+        self.children = [c for c in self.children if c.poll() is None]
+        return self.children
+
+    def spawn(self) -> None:
+        """Start one worker process."""
+        cmd = [sys.executable, "-m", "workers.worker", "--queues", ",".join(self.queues)]
+        if self.burst:
+            cmd.append("--burst")
+        self.children.append(subprocess.Popen(cmd, env=self._child_env()))
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        s = self.settings
+        env.update({"FARM_REDIS_URL": s.redis_url, "FARM_EXPORT_URL": s.export_url,
+                    "FARM_CONTROL_DSN": s.control_dsn.url(),
+                    "FARM_LEGACY_DSN": s.legacy_dsn.url(),
+                    "FARM_SHARDMAP": str(s.shardmap_path or "")})
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
+        return env
+
+    def converge(self) -> None:
+        """Start or stop (warm) workers until ``desired`` are running."""
+        live = [c for c in self.alive() if c.pid not in self._retiring]
+        for _ in range(self.desired - len(live)):
+            self.spawn()
+        for child in live[self.desired:][::-1]:
+            child.send_signal(signal.SIGTERM)
+            self._retiring.add(child.pid)
+
+    # -- loop ---------------------------------------------------------------------------
+    def poll_remote(self) -> None:
+        """Adopt a desired count newly written by ``farm scale``."""
+        remote = read_desired(self.conn, self.host)
+        if remote is not None and remote != self._seen_remote:
+            log.info("desired workers now %d (farm scale)", remote)
+            self.desired = remote
+        self._seen_remote = remote
+
+    def report(self) -> None:
+        """Heartbeat this supervisor in Redis for ``farm status``."""
+        doc = {"host": self.host, "pid": os.getpid(), "workers": len(self.alive()),
+               "desired": self.desired, "queues": self.queues, "at": time.time()}
+        self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
+
+    def run(self) -> int:
+        """Supervise until stopped (or, in burst mode, until every worker is done)."""
+        self.install_signals()
+        last_maint = 0.0
+        if self.burst:
+            for _ in range(self.desired):
+                self.spawn()
+        try:
+            while True:
+                if self.stopping or self.burst:
+                    if not self.alive():
+                        return 0
+                else:
+                    self.poll_remote()
+                    self.converge()
+                self.report()
+                if time.monotonic() - last_maint > MAINTENANCE_EVERY:
+                    maintenance.run_once(self.rt, self.me)
+                    last_maint = time.monotonic()
+                time.sleep(TICK)
+        finally:
+            self.conn.hdel(keys.supervisors(), self.me)
+            self.rt.close()
+

@@ -1,0 +1,112 @@
+"""The farm's worker: rq's ``SimpleWorker`` (no fork per job, connections reused across jobs)
+with the JSON serializer, heartbeats during long jobs, and trimmed per-job bookkeeping.
+
+Run one with ``python -m workers.worker --queues farm``; ``farm workers`` supervises many.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+
+import redis
+from rq import SimpleWorker
+from rq.job import Job
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+
+from jobs import runtime
+from jobs.queue import rq_queue
+from shardfarm import log as farm_log
+from shardfarm.settings import Settings
+
+log = logging.getLogger(__name__)
+HEARTBEAT_SECONDS = 5
+HEARTBEAT_GRACE = 10
+WORKER_TTL = 30
+IDLE_BOOKKEEPING_SECONDS = 2.0
+
+
+class FarmWorker(SimpleWorker):
+    """A SimpleWorker whose started-registry entry expires ~15 s after its process dies.
+
+    A thread refreshes the worker's and the job's heartbeat every few seconds while
+    a job runs, so a live long job is never taken for abandoned, and a dead
+    worker's job is found (and retried by rq's registry cleanup) within seconds.
+    """
+
+    def __init__(self, queues: list[Queue], connection: redis.Redis, **kwargs) -> None:
+        kwargs.setdefault("worker_ttl", WORKER_TTL)
+        kwargs.setdefault("job_monitoring_interval", HEARTBEAT_SECONDS)
+        super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
+        self._last_suspension_check = 0.0
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        """Short TTL: the heartbeat thread renews it while the job is alive."""
+        return HEARTBEAT_SECONDS + HEARTBEAT_GRACE
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Run the job in this process with a heartbeat thread beside it."""
+        execution = self.prepare_execution(job)
+        stop = threading.Event()
+        beat = threading.Thread(target=self._beat, args=(job, execution, stop), daemon=True)
+        beat.start()
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            stop.set()
+            beat.join()
+        self.set_state("idle")
+
+    def _beat(self, job: Job, execution, stop: threading.Event) -> None:
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self.maintain_heartbeats(job, execution)
+            except redis.RedisError:
+                log.warning("heartbeat of job %s failed", job.id, exc_info=True)
+
+    def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
+        """Worker heartbeats between jobs at most every couple of seconds (3 round trips each)."""
+        if pipeline is None and self.last_heartbeat is not None:
+            age = time.time() - self.last_heartbeat.timestamp()
+            if age < IDLE_BOOKKEEPING_SECONDS:
+                return
+        super().heartbeat(timeout, pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """``rq suspend`` is honoured within a couple of seconds, not re-checked per job."""
+        if time.monotonic() - self._last_suspension_check < IDLE_BOOKKEEPING_SECONDS:
+            return
+        self._last_suspension_check = time.monotonic()
+        super().check_for_suspension(burst)
+
+
+def build(settings: Settings, queues: list[str], name: str | None = None) -> FarmWorker:
+    """A worker for ``queues`` on the farm's Redis, with this process's runtime installed."""
+    rt = runtime.Runtime(settings)
+    runtime.install(rt)
+    conn = redis.Redis.from_url(settings.redis_url)
+    return FarmWorker([rq_queue(conn, q) for q in queues], connection=conn, name=name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of one worker process."""
+    ap = argparse.ArgumentParser(prog="python -m workers.worker")
+    ap.add_argument("--queues", default="farm")
+    ap.add_argument("--burst", action="store_true")
+    ap.add_argument("--name", default=None)
+    args = ap.parse_args(argv)
+    farm_log.setup()
+    worker = build(Settings.from_env(), args.queues.split(","), args.name)
+    try:
+        worker.work(burst=args.burst, logging_level=logging.getLevelName(
+            logging.getLogger().level), with_scheduler=False)
+    finally:
+        runtime.get().close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
