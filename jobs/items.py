@@ -17,7 +17,7 @@ from collections.abc import Callable
 from rq import get_current_job
 
 from shardfarm import keys
-from shardfarm.errors import FatalError
+from shardfarm.errors import FatalError, RetryableError
 from shardfarm.retry import TRANSIENT
 
 MAX_ITEM_ATTEMPTS = 5
@@ -55,7 +55,10 @@ def run_items(function: str, items: list[list]) -> dict:
 def _run_one(fn: Callable, function: str, item: list, conn, queue: str) -> str:
     item_id, kwargs, attempts = item[0], item[1], (item[2] if len(item) > 2 else 0) + 1
     try:
-        TRANSIENT.call(lambda: fn(**kwargs))
+        try:
+            fn(**kwargs)
+        except RetryableError:  # transient: retry in place with backoff before deferring
+            TRANSIENT.call(lambda: fn(**kwargs))
         return "done"
     except FatalError as exc:
         return _fail(conn, queue, function, item_id, kwargs, attempts, exc)

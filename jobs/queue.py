@@ -83,7 +83,7 @@ def envelope(function: str, items: list[list], description: str | None = None) -
     """``Queue.prepare_data`` keyword arguments of one rq job carrying ``items``."""
     return {"kwargs": {"function": function, "items": items},
             "description": description or f"{function} x{len(items)}",
-            "result_ttl": 0, "failure_ttl": FAILURE_TTL, "timeout": JOB_TIMEOUT,
+            "result_ttl": 1, "failure_ttl": FAILURE_TTL, "timeout": JOB_TIMEOUT,
             "retry": JOB_RETRIES}
 
 
@@ -94,7 +94,7 @@ def enqueue_later(conn: redis.Redis, queue: str, function: str, items: list[list
     conn.incrby(keys.items_queued(queue), len(items))
     rq_queue(conn, queue).enqueue_in(
         timedelta(seconds=max(1.0, delay)), "jobs.items.run_items", **env["kwargs"],
-        job_timeout=env["timeout"], result_ttl=0, failure_ttl=env["failure_ttl"],
+        job_timeout=env["timeout"], result_ttl=env["result_ttl"], failure_ttl=env["failure_ttl"],
         retry=env["retry"], description=env["description"])
 
 
