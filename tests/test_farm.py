@@ -167,3 +167,23 @@ def test_sigterm_finishes_job_in_hand_and_loses_nothing(env, rt):
     proc = start_workers(env, 1, "--burst")
     proc.wait(timeout=60)
     assert sorted(rt.redis.hkeys("test:record")) == [b"s0", b"s1", b"s2", b"s3"]
+
+
+def test_second_sigterm_stops_at_once_and_the_job_runs_later(env, rt):
+    from jobs import enqueue_many
+    enqueue_many("farm", "tests.kinds.slow_record", [{"key": "long", "value": 1,
+                                                     "seconds": 6}], connection=rt.redis)
+    proc = start_workers(env, 1)
+    until(lambda: any(w.get_state() == "busy" for w in Worker.all(connection=rt.redis)),
+          what="a busy worker")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=15)
+    assert time.monotonic() - t0 < 10 and rt.redis.hlen("test:record") == 0
+    retry = start_workers({**env}, 1)  # the interrupted job is retried, not lost
+    try:
+        until(lambda: rt.redis.hget("test:record", "long"), timeout=90, what="the retried job")
+    finally:
+        stop(retry)

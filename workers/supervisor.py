@@ -31,6 +31,7 @@ from workers import maintenance
 log = logging.getLogger(__name__)
 TICK = 0.5
 MAINTENANCE_EVERY = 3.0
+COLD_GRACE = 3.0
 
 
 def read_desired(conn: redis.Redis, host: str) -> int | None:
@@ -54,6 +55,7 @@ class Supervisor:
     stopping: int = 0
     _seen_remote: int | None = None
     _retiring: set[int] = field(default_factory=set)
+    _kill_at: float | None = None
 
     def __post_init__(self) -> None:
         self.rt = Runtime(self.settings)
@@ -80,6 +82,14 @@ class Supervisor:
         log.info("stopping (%s); signal %d", "warm" if self.stopping == 1 else "cold", signum)
         for child in self.alive():
             child.send_signal(signal.SIGTERM)
+        if self.stopping > 1:  # cold: rq stops the job at once; anything left is killed
+            self._kill_at = time.monotonic() + COLD_GRACE
+
+    def _enforce_cold_stop(self) -> None:
+        if self._kill_at is not None and time.monotonic() > self._kill_at:
+            for child in self.alive():
+                log.warning("worker %d did not stop; killing it", child.pid)
+                child.kill()
 
     # -- children -----------------------------------------------------------------------
     def alive(self) -> list[subprocess.Popen]:
@@ -138,6 +148,7 @@ class Supervisor:
         try:
             while True:
                 if self.stopping or self.burst:
+                    self._enforce_cold_stop()
                     if not self.alive():
                         return 0
                 else:
