@@ -67,7 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--n", type=int, default=100_000, help="jobs for the enqueue figures")
-    ap.add_argument("--dispatch-n", type=int, default=20_000, help="items for the worker figures")
+    ap.add_argument("--dispatch-n", type=int, default=100_000, help="items for the worker figures")
     a = ap.parse_args()
     rq_enq = ref.rq_enqueue_many(a.redis_url, a.n)
     raw = ref.raw_rpush(a.redis_url, a.n)
