@@ -35,11 +35,12 @@ def resume(rt: Runtime, run_id: str) -> int:
 def summary(rt: Runtime, run_id: str) -> dict:
     """The run's end-of-run JSON summary."""
     run = rt.ledger.run(run_id)
-    kinds = rt.ledger.progress(run_id)
+    kinds = {k["kind"]: k for k in rt.ledger.progress(run_id)}
+    names = run["params"].get("kinds") or list(kinds)
     return {"run_id": run_id, "status": run["status"],
-            "loaded": {k["kind"]: k["rows_written"] for k in kinds},
-            "quarantined": {k["kind"]: k["rows_quarantined"] for k in kinds},
-            "failed_chunks": sum(k["failed"] for k in kinds)}
+            "loaded": {n: kinds[n]["rows_written"] if n in kinds else 0 for n in names},
+            "quarantined": {n: kinds[n]["rows_quarantined"] if n in kinds else 0 for n in names},
+            "failed_chunks": sum(k["failed"] for k in kinds.values())}
 
 
 def wait(rt: Runtime, run_id: str, on_tick: Callable[[list[dict]], None] | None = None,

@@ -46,8 +46,18 @@ def cli(log_level: str | None) -> None:
 
 
 def _register() -> None:
-    from scripts import cmd_demo, cmd_ids, cmd_queue, cmd_runs, cmd_shards, cmd_workers
-    for module in (cmd_ids, cmd_shards, cmd_queue, cmd_workers, cmd_runs, cmd_demo):
+    from scripts import (
+        cmd_demo,
+        cmd_ids,
+        cmd_legacy,
+        cmd_migrate,
+        cmd_queue,
+        cmd_runs,
+        cmd_shards,
+        cmd_workers,
+    )
+    for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_queue, cmd_workers,
+                   cmd_runs, cmd_demo):
         module.register(cli)
 
 

@@ -2,64 +2,161 @@
 
 from __future__ import annotations
 
-import random
+import os
+import signal
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
 
 import click
 
+from jobs import runs
+from loaders import migrate as migration
+from loaders.generate import generate
 from scripts.app import App
+from scripts.cmd_migrate import preflight
 from scripts.cmd_shards import init_all
-from scripts.options import farm_options
+from scripts.demo_report import board_page_lines, clean_everything, quarantine_lines, table_lines
+from scripts.options import emit, farm_options
+from scripts.render import RunProgress
+from shardfarm.errors import FarmError
 from sharding import ids
-from sharding.mappings import Edge, MappingStore
-from sharding.objects import ObjectStore
+
+DEMO_SEED = 42
 
 
-def _write_profile(app: App, rng: random.Random) -> tuple[int, int, list[int]]:
-    """A user, one board and 120 pins on the user's shard, linked by mappings."""
-    objects = ObjectStore(app.router)
-    shard = rng.choice(app.source.current().open_shards())
-    now = int(time.time())
-    user = objects.create(shard, "user", {"username": "demo", "full_name": "Demo Pinner ✨",
-                                          "created_at": "2013-04-05T06:07:08Z"})
-    board = objects.create(shard, "board", {"user_id": user, "name": "Recipes 🍜",
-                                            "created_at": "2013-04-05T06:07:09Z"})
-    pins = [objects.create(shard, "pin", {"user_id": user, "board_id": board,
-                                          "details": f"pin #{i}", "link": None})
-            for i in range(120)]
-    # Many pins share one sequence (same second): the page order must still be stable.
-    edges = [Edge(board, p, now - i // 10) for i, p in enumerate(pins)]
-    MappingStore(app.router, "board_has_pins").add_many(edges)
-    MappingStore(app.router, "user_has_boards").add(user, board, now)
-    return user, board, pins
+class Phases:
+    """Times each phase and prints a banner for it."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, tuple[float, int | None]] = {}
+
+    @contextmanager
+    def phase(self, name: str, rows: int | None = None):
+        click.echo(f"==> {name}", err=True)
+        t0 = time.monotonic()
+        yield
+        self.times[name] = (time.monotonic() - t0, rows)
+
+    def set_rows(self, name: str, rows: int) -> None:
+        """Record how many rows a phase moved (for its rate)."""
+        self.times[name] = (self.times[name][0], rows)
+
+    def lines(self) -> list[str]:
+        """``phase  seconds  rows/s`` lines."""
+        out = []
+        for name, (secs, rows) in self.times.items():
+            rate = f"{rows / secs:>10,.0f} rows/s" if rows and secs > 0 else ""
+            out.append(f"  {name:<24}{secs:>7.1f} s  {rate}")
+        return out
 
 
-def _render_page(app: App, board: int) -> list[str]:
-    """Board page: the next 50 pin IDs in sequence order, then a multi-get (app-level join)."""
-    page = MappingStore(app.router, "board_has_pins").page(board, limit=50)
-    pins = ObjectStore(app.router).get_many(page.ids)
-    lines = [f"  {o.id}  {o.data['details']}" for o in pins.found[:5]]
-    lines.append(f"  ... {len(pins.found)} pins on page 1, next cursor {page.next_cursor}")
-    return lines
+@contextmanager
+def own_workers(app: App, count: int):
+    """Run ``farm workers --count N`` for the demo and stop it (warm) at the end."""
+    env = dict(os.environ)
+    env.update({"FARM_REDIS_URL": app.settings.redis_url,
+                "FARM_CONTROL_DSN": app.settings.control_dsn.url(),
+                "FARM_LEGACY_DSN": app.settings.legacy_dsn.url(),
+                "FARM_SHARDMAP": str(app.settings.shardmap_path or ""),
+                "FARM_EXPORT_URL": app.settings.export_url})
+    proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count", str(count)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _previous_demo(app: App) -> dict | None:
+    """The data set of the last demo migration, ``{}`` if the last migration was not a demo."""
+    import pymysql
+    try:
+        last = app.runtime.ledger.latest_run("migrate")
+    except (FarmError, pymysql.MySQLError):
+        return None  # no control database yet: nothing to clean
+    return app.runtime.ledger.run(last)["params"].get("demo", {}) if last else None
+
+
+def _wait(app: App, run_id: str) -> str:
+    bar = RunProgress(run_id)
+    try:
+        return runs.wait(app.runtime, run_id, on_tick=bar)
+    finally:
+        bar.close()
 
 
 @click.command("demo")
-@click.option("--seed", default=None, type=int, help="Seed for the random placement.")
+@click.option("--users", default=5000, show_default=True, help="Legacy users (~40 rows each).")
+@click.option("--workers", "n_workers", default=2, show_default=True, help="Workers to start.")
+@click.option("--clean", is_flag=True, help="Remove everything the demo made, then exit.")
 @farm_options
-def demo(app: App, seed: int | None) -> None:
-    """Run the whole story end to end on the default setup (localhost MariaDB and Redis)."""
-    rng = random.Random(seed)
-    t0 = time.monotonic()
-    rep = init_all(app)
-    click.echo(f"shards ready: {rep['shards']} shards, {rep['mod_buckets']} mod buckets "
-               f"on {rep['servers']} server(s) in {rep['seconds']}s")
-    user, board, _pins = _write_profile(app, rng)
-    click.echo(f"wrote user {user}, board {board} and 120 pins on shard {ids.shard_of(user)}")
-    click.echo("board page (newest first):")
-    for line in _render_page(app, board):
+def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
+    """Run the whole story on the default setup (localhost MariaDB and Redis).
+
+    Generates a legacy database, creates the shards, starts its own workers,
+    migrates with a progress bar, verifies, and prints a report. Safe to run
+    again; --clean removes what it made.
+    """
+    if clean:
+        emit(clean_everything(app))
+        return
+    p = Phases()
+    with p.phase("shards init"):
+        if _previous_demo(app) not in (None, {"users": users, "seed": DEMO_SEED}):
+            click.echo("    (the last demo used another data set: starting from clean)", err=True)
+            clean_everything(app)
+        init_all(app)
+    with p.phase("legacy generate"):
+        gen = generate(app.settings.legacy_dsn, users, DEMO_SEED)
+    p.set_rows("legacy generate", sum(gen["rows"].values()))
+    preflight(app)
+    rt = app.runtime
+    with own_workers(app, n_workers):
+        with p.phase("migrate"):
+            params, chunks = migration.plan(app.settings, app.router, rt.ledger)
+            params["demo"] = {"users": users, "seed": DEMO_SEED}
+            run_id = runs.start(rt, "migrate", migration.HANDLER, chunks, params)
+            status = _wait(app, run_id)
+        summary = runs.summary(rt, run_id)
+        p.set_rows("migrate", sum(summary["loaded"].values())
+                   + sum(summary["quarantined"].values()))
+        with p.phase("verify"):
+            verified = _verify(app, run_id)
+    _report(app, p, summary, status, verified)
+
+
+def _verify(app: App, run_id: str) -> dict:
+    from loaders import verify as verifier
+    rt = app.runtime
+    of = rt.ledger.run(run_id)["params"]
+    _, chunks = migration.plan(app.settings, app.router, rt.ledger, of["chunk_rows"])
+    params = {k: of[k] for k in ("open_shards", "floors", "kinds", "chunk_rows")}
+    vid = runs.start(rt, "verify", verifier.HANDLER, chunks, {**params, "of_run": run_id})
+    status = _wait(app, vid)
+    n, _ = rt.ledger.mismatches(vid, limit=0)
+    return {"run_id": vid, "status": status, "mismatches": n}
+
+
+def _report(app: App, p: Phases, summary: dict, status: str, verified: dict) -> None:
+    rt = app.runtime
+    out = ["", "shardfarm demo", "=" * 60,
+           f"migration {summary['run_id']}: {status}, {summary['failed_chunks']} failed chunks",
+           *table_lines(summary), "", "time per phase:", *p.lines(), "",
+           "quarantined rows by reason:", *quarantine_lines(rt, summary["run_id"]), "",
+           f"verify {verified['run_id']}: {verified['status']}, "
+           f"{verified['mismatches']} mismatches", ""]
+    page, board = board_page_lines(app)
+    out += page
+    if board:
+        out += ["", f"decoded board ID {board}: {ids.decode(board).as_dict()}"]
+    for line in out:
         click.echo(line)
-    click.echo(f"decoded board id: {ids.decode(board).as_dict()}")
-    click.echo(f"done in {time.monotonic() - t0:.1f}s")
 
 
 def register(cli: click.Group) -> None:

@@ -55,6 +55,15 @@ STATEMENTS: list[str] = [
   PRIMARY KEY (run_id, legacy_table, legacy_key),
   KEY by_reason (run_id, reason)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    """CREATE TABLE IF NOT EXISTS verify_mismatches (
+  run_id VARCHAR(40) NOT NULL,
+  chunk_id INT NOT NULL,
+  legacy_table VARCHAR(64) NOT NULL,
+  legacy_key VARCHAR(128) NOT NULL,
+  target VARCHAR(64) NOT NULL,
+  problem VARCHAR(300) NOT NULL,
+  PRIMARY KEY (run_id, chunk_id, legacy_table, legacy_key, target)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 ]
 
 

@@ -52,6 +52,10 @@ class DatabaseError(FarmError):
         self.code = code
 
 
+class PermanentDatabaseError(DatabaseError, FatalError):
+    """A MySQL error that retrying cannot fix: missing table, bad SQL, constraint violation."""
+
+
 class TransientDatabaseError(DatabaseError, RetryableError):
     """A MySQL error worth retrying: gone away, lost connection, deadlock, lock wait."""
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from shardfarm.dsn import DSN
 from shardfarm.errors import FatalError, FencedError
+from shardfarm.retry import TRANSIENT
 from sharding.fencing import FenceToken
 from sharding.pool import Pool
 from sharding.shardmap import Host
@@ -83,13 +84,28 @@ class Ledger:
         self.pool.close()
 
     def _exec(self, sql: str, params: tuple | list = ()) -> int:
-        with self.pool.connection() as conn, conn.cursor() as cur:
-            return cur.execute(sql, params)
+        """One autocommit statement, retried on transient errors (callers make it idempotent)."""
+        def attempt() -> int:
+            with self.pool.connection() as conn, conn.cursor() as cur:
+                return cur.execute(sql, params)
+        return TRANSIENT.call(attempt)
+
+    def _many(self, sql: str, rows: list[tuple]) -> None:
+        """An idempotent ``executemany``, retried on transient errors."""
+        if not rows:
+            return
+
+        def attempt() -> None:
+            with self.pool.connection() as conn, conn.cursor() as cur:
+                cur.executemany(sql, rows)
+        TRANSIENT.call(attempt)
 
     def _rows(self, sql: str, params: tuple | list = ()) -> list[tuple]:
-        with self.pool.connection() as conn, conn.cursor() as cur:
-            cur.execute(sql, params)
-            return list(cur.fetchall())
+        def attempt() -> list[tuple]:
+            with self.pool.connection() as conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall())
+        return TRANSIENT.call(attempt)
 
     # -- runs ---------------------------------------------------------------------------
     def create_run(self, kind: str, queue: str, params: dict, chunks: Iterable[ChunkSpec],
@@ -164,7 +180,7 @@ class Ledger:
     def claim(self, run_id: str, chunk_id: int, owner: str,
               lease_seconds: float = 60) -> Lease | ClaimRefused:
         """Lease a pending (or expired) chunk to ``owner``, bumping its fence."""
-        n = self._exec(
+        self._exec(
             "UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
             "SET c.state = 'running', c.attempts = c.attempts + 1, c.fence = c.fence + 1, "
             "c.lease_owner = %s, c.lease_expires = NOW(3) + INTERVAL %s MICROSECOND, "
@@ -180,7 +196,7 @@ class Ledger:
         if not rows:
             return ClaimRefused("missing")
         kind, args, fence, attempts, state, lease_owner, paused, backing_off = rows[0]
-        if n == 1 and lease_owner == owner and state == "running":
+        if lease_owner == owner and state == "running":  # n == 0: a retry after a lost reply
             return Lease(run_id, chunk_id, kind, json.loads(args), owner, fence, attempts)
         if state in ("done", "failed"):
             return ClaimRefused(state)
@@ -188,11 +204,21 @@ class Ledger:
             return ClaimRefused("paused")
         return ClaimRefused("not_before" if backing_off else "leased")
 
-    def _fenced(self, lease: Lease, sql: str, params: tuple) -> None:
+    def _fenced(self, lease: Lease, sql: str, params: tuple,
+                then: tuple[str, ...] = ("running",)) -> None:
+        """A state change that only the current lease may make.
+
+        If the statement matched nothing but the chunk already shows this fence in the
+        target state, an earlier attempt committed and only its reply was lost.
+        """
         n = self._exec(sql + " WHERE run_id = %s AND chunk_id = %s AND fence = %s "
                        "AND state = 'running'", (*params, lease.run_id, lease.chunk_id,
                                                  lease.fence))
-        if n != 1:
+        if n == 1:
+            return
+        row = self._rows("SELECT fence, state FROM chunks WHERE run_id = %s AND chunk_id = %s",
+                         (lease.run_id, lease.chunk_id))
+        if not (row and row[0][0] == lease.fence and row[0][1] in then):
             raise FencedError(f"chunk {lease.chunk_id} of run {lease.run_id}: lease "
                               f"{lease.fence} of {lease.owner} is no longer current")
 
@@ -208,20 +234,20 @@ class Ledger:
                      "rows_read = %s, rows_written = %s, rows_quarantined = %s, counts = %s, "
                      "lease_owner = NULL, lease_expires = NULL, last_error = NULL",
                      (outcome.rows_read, outcome.rows_written, outcome.rows_quarantined,
-                      json.dumps(outcome.counts)))
+                      json.dumps(outcome.counts)), then=("done",))
 
     def fail(self, lease: Lease, error: str, retry_in: float | None) -> str:
         """Record a failure: back to ``pending`` after ``retry_in`` seconds, or ``failed``."""
         state = "pending" if retry_in is not None else "failed"
         self._fenced(lease, "UPDATE chunks SET state = %s, last_error = %s, lease_owner = NULL, "
                      "lease_expires = NULL, not_before = NOW(3) + INTERVAL %s MICROSECOND",
-                     (state, error[:1000], int((retry_in or 0) * 1e6)))
+                     (state, error[:1000], int((retry_in or 0) * 1e6)), then=(state,))
         return state
 
     def release(self, lease: Lease) -> None:
         """Give a chunk back untouched (e.g. on warm shutdown before any work)."""
         self._fenced(lease, "UPDATE chunks SET state = 'pending', attempts = attempts - 1, "
-                     "lease_owner = NULL, lease_expires = NULL", ())
+                     "lease_owner = NULL, lease_expires = NULL", (), then=("pending",))
 
     def unfinished(self, run_id: str, include_failed: bool = False) -> list[int]:
         """Chunk IDs not done (pending, running; failed too if asked)."""
@@ -283,3 +309,58 @@ class Ledger:
         rows = self._rows(f"SELECT {', '.join(cols)} FROM chunks WHERE state = 'failed' {where} "
                           "ORDER BY run_id DESC, chunk_id LIMIT %s", [*params, limit])
         return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    # -- quarantine ---------------------------------------------------------------------
+    def quarantine(self, lease: Lease, rows: list[tuple[str, str, str, str | None]]) -> None:
+        """Record bad legacy rows ``(table, key, reason, detail)`` of a chunk (idempotent)."""
+        params = [(lease.run_id, t, k, reason, (detail or "")[:500], lease.chunk_id)
+                  for t, k, reason, detail in rows]
+        for i in range(0, len(params), 1000):
+            self._many("INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, "
+                       "detail, chunk_id) VALUES (%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
+                       "reason = VALUES(reason), detail = VALUES(detail)", params[i:i + 1000])
+
+    def quarantined(self, run_id: str, limit: int | None = None) -> list[dict]:
+        """Quarantined rows of a run: table, legacy key, reason, detail."""
+        cols = ("legacy_table", "legacy_key", "reason", "detail")
+        sql = (f"SELECT {', '.join(cols)} FROM quarantine WHERE run_id = %s "
+               "ORDER BY legacy_table, legacy_key")
+        rows = self._rows(sql + (" LIMIT %s" if limit else ""),
+                          (run_id, limit) if limit else (run_id,))
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def quarantine_reasons(self, run_id: str) -> list[tuple[str, str, int]]:
+        """``(table, reason, count)`` of a run's quarantine."""
+        return [(t, r, int(n)) for t, r, n in self._rows(
+            "SELECT legacy_table, reason, COUNT(*) FROM quarantine WHERE run_id = %s "
+            "GROUP BY legacy_table, reason ORDER BY legacy_table, COUNT(*) DESC", (run_id,))]
+
+    def latest_run(self, kind: str) -> str | None:
+        """The newest run of ``kind``, if any."""
+        rows = self._rows("SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC "
+                          "LIMIT 1", (kind,))
+        return rows[0][0] if rows else None
+
+    # -- verify -------------------------------------------------------------------------
+    def record_mismatches(self, lease: Lease, rows: list[tuple[str, str, str, str]]) -> None:
+        """Replace this chunk's mismatches ``(legacy_table, legacy_key, target, problem)``."""
+        self._exec("DELETE FROM verify_mismatches WHERE run_id = %s AND chunk_id = %s",
+                   (lease.run_id, lease.chunk_id))
+        self._many("INSERT IGNORE INTO verify_mismatches (run_id, chunk_id, legacy_table, "
+                   "legacy_key, target, problem) VALUES (%s,%s,%s,%s,%s,%s)",
+                   [(lease.run_id, lease.chunk_id, t, k, tgt, p[:300]) for t, k, tgt, p in rows])
+
+    def mismatches(self, run_id: str, limit: int = 100) -> tuple[int, list[dict]]:
+        """How many mismatches a verify run found, and the first ``limit``."""
+        (n,), = self._rows("SELECT COUNT(*) FROM verify_mismatches WHERE run_id = %s",
+                           (run_id,))
+        cols = ("legacy_table", "legacy_key", "target", "problem")
+        rows = self._rows(f"SELECT {', '.join(cols)} FROM verify_mismatches WHERE run_id = %s "
+                          "ORDER BY legacy_table, legacy_key LIMIT %s", (run_id, limit))
+        return int(n), [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def chunk_counts(self, run_id: str) -> list[dict]:
+        """The ``counts`` JSON of every done chunk of a run."""
+        return [json.loads(r[0]) for r in self._rows(
+            "SELECT counts FROM chunks WHERE run_id = %s AND state = 'done' AND counts IS NOT NULL",
+            (run_id,))]

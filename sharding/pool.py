@@ -15,8 +15,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import pymysql
+from pymysql.constants import CLIENT
 
-from shardfarm.errors import DatabaseError, FarmError, TransientDatabaseError, UnreachableError
+from shardfarm.errors import (
+    FarmError,
+    PermanentDatabaseError,
+    TransientDatabaseError,
+    UnreachableError,
+)
 from sharding.shardmap import Host
 
 log = logging.getLogger(__name__)
@@ -46,7 +52,7 @@ def translate(exc: BaseException, host: str, shard: int | None) -> FarmError:
     msg = f"MySQL error {code} on {where}: {_scrub(text)}"
     if code in TRANSIENT_CODES or isinstance(exc, pymysql.err.InterfaceError):
         return TransientDatabaseError(msg, host=host, shard=shard, code=code)
-    return DatabaseError(msg, host=host, shard=shard, code=code)
+    return PermanentDatabaseError(msg, host=host, shard=shard, code=code)
 
 
 class Pool:
@@ -70,6 +76,7 @@ class Pool:
                 password=self.host.password, database=self.database,
                 charset="utf8mb4", autocommit=True,
                 local_infile=True, connect_timeout=self.connect_timeout,
+                client_flag=CLIENT.MULTI_STATEMENTS,
             )
         except (pymysql.MySQLError, OSError) as exc:
             raise translate(exc, self.host.name, None) from None
@@ -98,6 +105,8 @@ class Pool:
                 if isinstance(err, TransientDatabaseError) or _lost(exc):
                     _close_quietly(conn)
                     conn = None
+                if _lost(exc):  # the server went away or killed us: the idle ones died too
+                    self.close()
                 raise err from None
             except BaseException:
                 _close_quietly(conn)  # unknown state (e.g. half-read result): do not reuse

@@ -102,6 +102,15 @@ class Router:
                 return fn(cur)
         return (policy or self.policy).call(attempt)
 
+    def query(self, host: Host, sql: str, params: tuple | list = (), shard: int | None = None,
+              policy: RetryPolicy | None = None) -> list[tuple]:
+        """A read in autocommit (no explicit transaction), retried on transient errors."""
+        def attempt() -> list[tuple]:
+            with self.connection(host, shard) as conn, conn.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall())
+        return (policy or self.policy).call(attempt)
+
     def servers(self, role: Role = "master") -> dict[tuple, Host]:
         """One host per distinct physical server used by the map in ``role``."""
         m = self.shardmap

@@ -78,3 +78,28 @@ def test_rollback_on_error(router):
     n = router.run(shard, lambda cur: (cur.execute(f"SELECT COUNT(*) FROM {q} WHERE from_id=77"),
                                        cur.fetchone()[0])[1])
     assert n == 0
+
+
+def test_pool_recovers_when_every_idle_connection_was_killed(router, server_b):
+    import threading
+    shard = SHARDS_B[1]
+    barrier = threading.Barrier(8)
+
+    def hold():
+        def tx(cur):
+            barrier.wait(timeout=10)
+            cur.execute("SELECT 1")
+        router.run(shard, tx)
+    threads = [threading.Thread(target=hold) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    admin = pymysql.connect(host="127.0.0.1", port=server_b.port, user="root", autocommit=True)
+    with admin.cursor() as cur:
+        cur.execute("SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
+                    "AND user = 'root' AND command = 'Sleep'")
+        for (pid,) in cur.fetchall():
+            cur.execute("KILL %s", (pid,))
+    admin.close()
+    assert _connection_id(router, shard) > 0  # more dead idle connections than retries

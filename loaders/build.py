@@ -1,0 +1,104 @@
+"""Turn judged legacy rows into target rows: objects, mapping rows and mod-shard lookups."""
+
+from __future__ import annotations
+
+import calendar
+import datetime as dt
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from loaders.newids import NewIds
+from loaders.resolve import Resolver, Verdict
+from loaders.spec import SELF, SPEC, LegacyTable
+from sharding import ids
+from sharding.jsondoc import dumps
+from sharding.modshard import bucket_of, legacy_key
+
+
+def iso(value: dt.datetime) -> str:
+    """``2013-04-05T06:07:08Z`` (legacy DATETIMEs are UTC)."""
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unix(value: dt.datetime) -> int:
+    """Unix seconds of a UTC DATETIME: a mapping row's sequence."""
+    return calendar.timegm(value.timetuple())
+
+
+@dataclass
+class TargetRows:
+    """Everything one chunk writes, grouped by destination database."""
+
+    objects: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
+    mappings: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
+    lookups: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
+
+    def count(self) -> dict[str, int]:
+        """Rows per target table."""
+        out: dict[str, int] = defaultdict(int)
+        for group in (self.objects, self.mappings, self.lookups):
+            for (_, table), rows in group.items():
+                out[table] += len(rows)
+        return dict(out)
+
+
+class Builder:
+    """Builds target rows for valid legacy rows of one table."""
+
+    def __init__(self, table: LegacyTable, resolver: Resolver, newids: NewIds,
+                 buckets: int) -> None:
+        self.table, self.resolver, self.newids, self.buckets = table, resolver, newids, buckets
+
+    def referenced(self, judged: list[tuple[dict, Verdict]]) -> list[tuple]:
+        """``(table, legacy_id, shard)`` of every object these rows create or point at."""
+        out = []
+        for row, v in judged:
+            if self.table.is_object:
+                out.append((self.table, row["id"], v.shard))
+            for ref in self.table.refs:
+                rid = row[ref.field]
+                out.append((SPEC[ref.table], rid, self.resolver.shard_of(ref.table, rid)))
+        return out
+
+    def resolvable(self, row: dict, v: Verdict) -> bool:
+        """Whether every new ID the row needs is known (always true after allocation)."""
+        return all(self.newids.known(t, legacy) for t, legacy, _ in self.referenced([(row, v)]))
+
+    def ref_id(self, row: dict, field_name: str) -> int:
+        """New ID of the object referenced by ``field_name``."""
+        ref = self.table.ref(field_name)
+        rid = row[field_name]
+        return self.newids.new_id(SPEC[ref.table], rid, self.resolver.shard_of(ref.table, rid))
+
+    def build(self, judged: list[tuple[dict, Verdict]], allocate: bool = True) -> TargetRows:
+        """Target rows of the valid rows in ``judged``."""
+        self.newids.prepare(self.referenced(judged), allocate)
+        out = TargetRows()
+        for row, v in judged:
+            own = self._object(out, row, v) if self.table.is_object else None
+            for m in self.table.mappings:
+                frm = own if m.from_ == SELF else self.ref_id(row, m.from_)
+                to = own if m.to == SELF else self.ref_id(row, m.to)
+                out.mappings[(ids.shard_of(frm), m.table)].append(
+                    (frm, to, unix(row["created_at"])))
+            for lk in self.table.lookups:
+                if row[lk.field] is not None:
+                    key = str(row[lk.field]).lower()
+                    out.lookups[(bucket_of(key, self.buckets), lk.table)].append((key, own))
+        return out
+
+    def _object(self, out: TargetRows, row: dict, v: Verdict) -> int:
+        t = self.table
+        new = self.newids.new_id(t, row["id"], v.shard)
+        doc: dict = {"legacy_id": row["id"]}
+        for f in t.fields:
+            value = row[f]
+            if f == "created_at":
+                value = iso(value)
+            elif any(r.field == f for r in t.refs):
+                value = self.ref_id(row, f)
+            doc[f] = value
+        out.objects[(v.shard, t.name)].append((ids.decode(new).local, dumps(doc)))
+        b = bucket_of(legacy_key(t.type_name, row["id"]), self.buckets)
+        out.lookups[(b, "legacy_id_map")].append((ids.TYPES[t.type_name], row["id"], new))
+        return new

@@ -1,0 +1,118 @@
+"""Reading the legacy database: chunk plans by row count, chunk rows, rows by ID."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+
+import pymysql
+import pymysql.cursors
+
+from loaders.spec import LegacyTable
+from shardfarm.db import connect
+from shardfarm.dsn import DSN
+from shardfarm.retry import TRANSIENT
+from sharding.pool import translate
+
+SMALL_LIMIT = 1 << 36
+IN_BATCH = 2000
+
+
+class LegacyReader:
+    """One connection to the legacy database, reused across the chunks a process runs."""
+
+    def __init__(self, dsn: DSN) -> None:
+        self.dsn = dsn
+        self._conn: pymysql.Connection | None = None
+
+    def _connection(self) -> pymysql.Connection:
+        if self._conn is None or not self._conn.open:
+            self._conn = connect(self.dsn)
+        return self._conn
+
+    def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        """Run a read, reconnecting and retrying on transient errors (TRANSIENT policy)."""
+        params = tuple(params)
+
+        def attempt() -> list[tuple]:
+            try:
+                with self._connection().cursor() as cur:
+                    cur.execute(sql, params)
+                    return list(cur.fetchall())
+            except pymysql.MySQLError as exc:
+                self.close()
+                raise translate(exc, f"legacy {self.dsn.host}:{self.dsn.port}", None) from None
+        return TRANSIENT.call(attempt)
+
+    def close(self) -> None:
+        """Drop the connection."""
+        if self._conn is not None:
+            with contextlib.suppress(pymysql.MySQLError):
+                self._conn.close()
+            self._conn = None
+
+    def plan(self, table: LegacyTable, chunk_rows: int) -> Iterator[tuple[int, int]]:
+        """Inclusive ranges of the first key column holding about ``chunk_rows`` rows each.
+
+        Ranges are cut by row count, not ID span (IDs are sparse), and only where the
+        first key column changes, so composite keys never straddle two chunks.
+        """
+        col = table.key[0]
+        conn = connect(self.dsn)
+        try:
+            with conn.cursor(pymysql.cursors.SSCursor) as cur:
+                cur.execute(f"SELECT `{col}`, COUNT(*) FROM `{table.name}` GROUP BY `{col}` "
+                            f"ORDER BY `{col}`")
+                yield from _cut(cur, chunk_rows)
+        finally:
+            conn.close()
+
+    def chunk(self, table: LegacyTable, lo: int, hi: int) -> list[dict]:
+        """Every row of ``table`` whose first key column is in ``[lo, hi]``, in key order."""
+        cols = table.columns
+        rows = self.query(f"SELECT {_cols(cols)} FROM `{table.name}` WHERE `{table.key[0]}` "
+                          f"BETWEEN %s AND %s ORDER BY {_cols(table.key)}", (lo, hi))
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def by_ids(self, table: LegacyTable, ids: Iterable[int]) -> dict[int, dict]:
+        """Rows of an object table by ``id``, in batches."""
+        wanted = sorted(set(ids))
+        cols = table.columns
+        out: dict[int, dict] = {}
+        for i in range(0, len(wanted), IN_BATCH):
+            part = wanted[i:i + IN_BATCH]
+            marks = ",".join(["%s"] * len(part))
+            for r in self.query(f"SELECT {_cols(cols)} FROM `{table.name}` WHERE id IN ({marks})",
+                                part):
+                row = dict(zip(cols, r, strict=True))
+                out[row["id"]] = row
+        return out
+
+    def max_small_id(self, table: LegacyTable) -> int:
+        """The largest ID below 2**36 (local IDs the shard must never hand out)."""
+        rows = self.query(f"SELECT COALESCE(MAX(id), 0) FROM `{table.name}` WHERE id < %s",
+                          (SMALL_LIMIT,))
+        return int(rows[0][0])
+
+    def count(self, table: LegacyTable) -> int:
+        """Rows in ``table``."""
+        return int(self.query(f"SELECT COUNT(*) FROM `{table.name}`")[0][0])
+
+
+def _cols(cols: Iterable[str]) -> str:
+    return ", ".join(f"`{c}`" for c in cols)
+
+
+def _cut(groups: Iterable[tuple[int, int]], chunk_rows: int) -> Iterator[tuple[int, int]]:
+    lo = hi = None
+    n = 0
+    for key, count in groups:
+        if lo is None:
+            lo = key
+        if n and n + count > chunk_rows:
+            yield lo, hi
+            lo, n = key, 0
+        hi = key
+        n += count
+    if lo is not None:
+        yield lo, hi

@@ -1,0 +1,105 @@
+"""``farm migrate``: plan chunks of the legacy tables and load one chunk at a time.
+
+A chunk is a range of a legacy table's first key column holding about
+``chunk_rows`` rows. Loading it: read the rows, judge them (fetching what they
+reference), quarantine the bad ones with their reason, build objects, forward
+mapping rows and mod-shard lookups, and write them grouped by destination.
+Chunks run in any order, any number of times, with the same result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from loaders.build import Builder
+from loaders.legacy import LegacyReader
+from loaders.newids import NewIds
+from loaders.resolve import Resolver, Verdict, user_placement
+from loaders.spec import ORDER, SPEC, legacy_key
+from loaders.writer import write_mod, write_shards
+from shardfarm.context import ChunkContext
+from shardfarm.errors import ConfigError
+from shardfarm.ledger import ChunkSpec, Ledger, Outcome
+from shardfarm.settings import Settings
+from sharding.router import Router
+
+HANDLER = "loaders.migrate.load_chunk"
+DEFAULT_CHUNK_ROWS = 10_000
+
+
+def plan(settings: Settings, router: Router, ledger: Ledger,
+         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> tuple[dict, list[ChunkSpec]]:
+    """Run parameters and chunks of a migration of the whole legacy database."""
+    if chunk_rows < 1:
+        raise ConfigError(f"--chunk-size must be at least 1, got {chunk_rows}")
+    reader = LegacyReader(settings.legacy_dsn)
+    try:
+        floors = {t: reader.max_small_id(SPEC[t]) for t in ORDER if SPEC[t].is_object}
+        chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi})
+                  for t in ORDER for lo, hi in reader.plan(SPEC[t], chunk_rows)]
+    finally:
+        reader.close()
+    params = {"open_shards": _open_shards(router, ledger), "floors": floors,
+              "chunk_rows": chunk_rows, "kinds": list(ORDER)}
+    return params, chunks
+
+
+def _open_shards(router: Router, ledger: Ledger) -> list[int]:
+    """The open shards users are spread over, frozen at the first migration.
+
+    Later runs reuse the first run's list, so re-running after new shards were
+    opened never moves a user (new users of the application go to the new shards).
+    """
+    first = ledger.latest_run("migrate")
+    if first:
+        return ledger.run(first)["params"]["open_shards"]
+    shards = router.shardmap.open_shards()
+    if not shards:
+        raise ConfigError("the shard map has no open shards to place users on")
+    return shards
+
+
+@dataclass
+class _ProcessState:
+    reader: LegacyReader
+    newids: NewIds
+
+
+_states: dict[tuple, _ProcessState] = {}
+
+
+def _state(ctx: ChunkContext) -> _ProcessState:
+    key = (os.getpid(), str(ctx.settings.legacy_dsn), ctx.run_id)
+    if key not in _states:
+        _states.clear()
+        _states[key] = _ProcessState(LegacyReader(ctx.settings.legacy_dsn),
+                                     NewIds(ctx.router, ctx.params["floors"]))
+    return _states[key]
+
+
+def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int,
+                hi: int) -> tuple[Resolver, list[tuple[dict, Verdict]]]:
+    """Read one chunk and judge every row (shared by load and verify)."""
+    spec = SPEC[table]
+    rows = reader.chunk(spec, lo, hi)
+    resolver = Resolver(reader, user_placement(params["open_shards"]))
+    resolver.load(spec, rows)
+    return resolver, [(r, resolver.judge(spec, r)) for r in rows]
+
+
+def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
+    """Chunk handler: load legacy rows ``lo..hi`` of ``table`` into the shards."""
+    st = _state(ctx)
+    spec = SPEC[table]
+    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi)
+    good = [(r, v) for r, v in judged if v.valid]
+    bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
+    ctx.check()
+    target = Builder(spec, resolver, st.newids, ctx.router.shardmap.buckets).build(good)
+    write_mod(ctx.router, target)
+    ctx.check()
+    write_shards(ctx.router, ctx.token, target)
+    ctx.ledger.quarantine(ctx.lease, bad)
+    return Outcome(rows_read=len(judged), rows_written=len(good), rows_quarantined=len(bad),
+                   counts=target.count())

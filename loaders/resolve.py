@@ -1,0 +1,113 @@
+"""Which legacy rows migrate, and where: the rules of CONTRACTS §6, evaluated from the source.
+
+A row migrates iff its required fields are present (a ``created_at`` must not be
+NULL or a zero date) and every row it references exists and itself migrates.
+Referenced rows are read from the legacy database in batches, so a chunk never
+waits for another table's chunks: validity and placement are pure functions of
+the legacy data (and of the open-shard list frozen in the run).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loaders.legacy import LegacyReader
+from loaders.spec import RANDOM, SPEC, LegacyTable
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a row migrates; if not, why; if so, its shard (object tables)."""
+
+    valid: bool
+    reason: str | None = None
+    detail: str | None = None
+    shard: int | None = None
+
+
+def user_placement(open_shards: list[int]) -> Callable[[int], int]:
+    """A user's shard: a pseudo-random open shard, a pure function of its legacy ID."""
+    shards = sorted(open_shards)
+
+    def place(legacy_id: int) -> int:
+        h = int.from_bytes(hashlib.md5(f"user:{legacy_id}".encode()).digest()[:8], "big")
+        return shards[h % len(shards)]
+    return place
+
+
+def _bad(reason: str, detail: str | None = None) -> Verdict:
+    return Verdict(False, reason, detail)
+
+
+class Resolver:
+    """Fetches referenced legacy rows on demand and judges rows, memoising per object."""
+
+    def __init__(self, reader: LegacyReader, place_user: Callable[[int], int]) -> None:
+        self.reader = reader
+        self.place_user = place_user
+        self.rows: dict[str, dict[int, dict]] = {t: {} for t, s in SPEC.items() if s.is_object}
+        self._absent: dict[str, set[int]] = {t: set() for t in self.rows}
+        self._verdicts: dict[tuple[str, int], Verdict] = {}
+
+    def load(self, table: LegacyTable, rows: list[dict]) -> None:
+        """Take a chunk's own rows and fetch everything they reference."""
+        if table.is_object:
+            self.rows[table.name].update((r["id"], r) for r in rows)
+        self._fetch_refs(table, rows)
+
+    def _fetch_refs(self, table: LegacyTable, rows: list[dict]) -> None:
+        for ref in table.refs:
+            self.ensure(ref.table, {r[ref.field] for r in rows if r[ref.field] is not None})
+
+    def ensure(self, table_name: str, ids: set[int]) -> None:
+        """Fetch rows of ``table_name`` not seen yet, and (recursively) what they reference."""
+        known, absent = self.rows[table_name], self._absent[table_name]
+        todo = {i for i in ids if i not in known and i not in absent}
+        if not todo:
+            return
+        table = SPEC[table_name]
+        fetched = self.reader.by_ids(table, todo)
+        known.update(fetched)
+        absent.update(todo - fetched.keys())
+        self._fetch_refs(table, list(fetched.values()))
+
+    def row(self, table_name: str, legacy_id: int) -> dict | None:
+        """A fetched legacy object row, or ``None`` if it does not exist."""
+        return self.rows[table_name].get(legacy_id)
+
+    def judge(self, table: LegacyTable, row: dict) -> Verdict:
+        """The verdict on one row (memoised for object rows)."""
+        if not table.is_object:
+            return self._judge(table, row)
+        key = (table.name, row["id"])
+        if key not in self._verdicts:
+            self._verdicts[key] = self._judge(table, row)
+        return self._verdicts[key]
+
+    def _judge(self, table: LegacyTable, row: dict) -> Verdict:
+        for f in table.required:
+            value = row[f]
+            if value is None:
+                return _bad(f"null_{f}")
+            if f == "created_at" and not isinstance(value, dt.datetime):
+                return _bad("zero_created_at", str(value))
+        shards: dict[str, int | None] = {}
+        for ref in table.refs:
+            rid = row[ref.field]
+            parent = None if rid is None else self.row(ref.table, rid)
+            if parent is None:
+                return _bad(f"missing_{ref.role}", f"{ref.field}={rid}")
+            v = self.judge(SPEC[ref.table], parent)
+            if not v.valid:
+                return _bad(f"{ref.role}_quarantined", f"{ref.field}={rid} ({v.reason})")
+            shards[ref.field] = v.shard
+        if table.placement == RANDOM:
+            return Verdict(True, shard=self.place_user(row["id"]))
+        return Verdict(True, shard=shards.get(table.placement) if table.placement else None)
+
+    def shard_of(self, table_name: str, legacy_id: int) -> int:
+        """The placement of a valid referenced object."""
+        return self.judge(SPEC[table_name], self.rows[table_name][legacy_id]).shard

@@ -1,0 +1,215 @@
+"""``farm verify``: compare the target with the source, chunk by chunk, reading only.
+
+Each chunk re-reads its legacy rows, works out the rows the migration must have
+written (objects, forward mapping rows, lookups), reads those rows back from the
+shards and mod buckets, and records every difference with its legacy key. A
+quarantined row that nevertheless has a new ID is a difference too. A digest of
+the expected and the found rows is kept per chunk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+
+from loaders.build import Builder, TargetRows
+from loaders.migrate import _state, judge_chunk
+from loaders.spec import SELF, SPEC, LegacyTable, legacy_key
+from shardfarm.context import ChunkContext
+from shardfarm.ledger import Outcome
+from sharding import ids
+from sharding.jsondoc import dumps, loads
+from sharding.router import Router
+from sharding.schema import mod_table, shard_table
+
+HANDLER = "loaders.verify.verify_chunk"
+IN_BATCH = 1000
+UNION_BUCKETS = 200
+Problem = tuple[str, str, str, str]
+
+
+def _select_in(router: Router, shard: int, sql: str, keys: list, width: int) -> list[tuple]:
+    host = router.host_for(shard)
+    mark = "(" + ",".join(["%s"] * width) + ")" if width > 1 else "%s"
+    out: list[tuple] = []
+    for i in range(0, len(keys), IN_BATCH):
+        part = keys[i:i + IN_BATCH]
+        params = [v for k in part for v in (k if width > 1 else (k,))]
+        out += router.query(host, sql.format(marks=",".join([mark] * len(part))), params, shard)
+    return out
+
+
+class Checker:
+    """Compares one chunk's expected target rows with what the target holds."""
+
+    def __init__(self, router: Router, table: LegacyTable, owner: dict) -> None:
+        self.router, self.table, self.owner = router, table, owner
+        self.problems: list[Problem] = []
+        self.found: list[str] = []
+
+    def _bad(self, key: object, target: str, problem: str) -> None:
+        self.problems.append((self.table.name, str(self.owner.get(key, key)), target, problem))
+
+    def objects(self, shard: int, name: str, rows: list[tuple]) -> None:
+        """Every expected object row exists, is active and holds exactly the document."""
+        want = dict(rows)
+        got = {r[0]: r for r in _select_in(
+            self.router, shard, f"SELECT local_id, data, active FROM {shard_table(shard, name)} "
+            "WHERE local_id IN ({marks})", list(want), 1)}
+        t = ids.TYPES[self.table.type_name]
+        for local, doc in want.items():
+            new = ids.encode(shard, t, local)
+            row = got.get(local)
+            if row is None:
+                self._bad(new, name, f"missing on shard {shard}")
+            elif not row[2]:
+                self._bad(new, name, "soft-deleted")
+            elif loads(row[1]) != loads(doc):
+                diff = sorted(k for k, v in loads(doc).items() if loads(row[1]).get(k) != v)
+                self._bad(new, name, f"data differs: {', '.join(diff) or 'extra keys'}")
+            if row is not None:
+                self.found.append(canon_object(name, shard, local, loads(row[1]), row[2]))
+
+    def mappings(self, shard: int, name: str, rows: list[tuple]) -> None:
+        """Every expected mapping row exists on the from ID's shard with its sequence."""
+        got = {(r[0], r[1]): r[2] for r in _select_in(
+            self.router, shard, f"SELECT from_id, to_id, sequence FROM {shard_table(shard, name)}"
+            " WHERE (from_id, to_id) IN ({marks})", [r[:2] for r in rows], 2)}
+        for frm, to, seq in rows:
+            have = got.get((frm, to))
+            if have is None:
+                self._bad((frm, to), name, f"missing on shard {shard}")
+            elif have != seq:
+                self._bad((frm, to), name, f"sequence {have} != {seq}")
+            if have is not None:
+                self.found.append(f"m|{name}|{frm}|{to}|{have}")
+
+    def lookups(self, rows_by_bucket: dict[tuple[int, str], list[tuple]]) -> None:
+        """Every lookup row exists in its bucket (a shared e-mail may name another user)."""
+        got = self._fetch_lookups(rows_by_bucket)
+        for (bucket, name), rows in rows_by_bucket.items():
+            for row in rows:
+                key = (name, bucket, str(row[0]), str(row[1]) if name == "legacy_id_map"
+                       else None)
+                want, have = row[-1], got.get(key)
+                if have is None:
+                    self._bad(want, name, f"missing in bucket {bucket}")
+                elif have != want and (name == "legacy_id_map" or have > want):
+                    self._bad(want, name, f"names {have}, expected {want}")
+                if have is not None and name == "legacy_id_map":
+                    self.found.append(f"l|{name}|{row[0]}|{row[1]}|{have}")
+
+    def _fetch_lookups(self, rows_by_bucket: dict) -> dict[tuple, int]:
+        """One UNION ALL query per mod server and batch of buckets."""
+        m = self.router.shardmap
+        per_server: dict[tuple, list] = defaultdict(list)
+        for (bucket, name), rows in sorted(rows_by_bucket.items()):
+            per_server[m.mod_master(bucket).server].append((bucket, name, rows))
+        got: dict[tuple, int] = {}
+        for groups in per_server.values():
+            host = m.mod_master(groups[0][0])
+            for i in range(0, len(groups), UNION_BUCKETS):
+                sql, params = _lookup_union(groups[i:i + UNION_BUCKETS])
+                for name, bucket, k1, k2, value in self.router.query(host, sql, params):
+                    # UNION ALL unifies column types: compare keys as text
+                    got[(name, int(bucket), str(k1), None if k2 is None else str(k2))] = value
+        return got
+
+
+def _lookup_union(groups: list[tuple[int, str, list]]) -> tuple[str, list]:
+    parts, params = [], []
+    for bucket, name, rows in groups:
+        q = mod_table(bucket, name)
+        if name == "legacy_id_map":
+            marks = ",".join(["(%s,%s)"] * len(rows))
+            parts.append(f"SELECT 'legacy_id_map', {bucket}, type_id, legacy_id, new_id FROM {q}"
+                         f" WHERE (type_id, legacy_id) IN ({marks})")
+            params += [v for r in rows for v in r[:2]]
+        else:
+            col = "username" if name == "username_to_user" else "email"
+            marks = ",".join(["%s"] * len(rows))
+            parts.append(f"SELECT '{name}', {bucket}, {col}, NULL, user_id FROM {q} "
+                         f"WHERE {col} IN ({marks})")
+            params += [r[0] for r in rows]
+    return " UNION ALL ".join(parts), params
+
+
+def _owners(builder: Builder, judged: list) -> dict:
+    """Target key (new ID or mapping pair) -> legacy key, to name mismatches."""
+    t = builder.table
+    out: dict = {}
+    for row, v in judged:
+        key = legacy_key(t, row)
+        if t.is_object:
+            out[builder.newids.new_id(t, row["id"], v.shard)] = key
+        for m in t.mappings:
+            if m.from_ != SELF and m.to != SELF:
+                out[(builder.ref_id(row, m.from_), builder.ref_id(row, m.to))] = key
+    return out
+
+
+def canon_object(name: str, shard: int, local: int, doc: dict, active: int) -> str:
+    """Canonical text of an object row for the content digest."""
+    return f"o|{name}|{shard}|{local}|{dumps(dict(sorted(doc.items())))}|{int(active)}"
+
+
+def _digest(items: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(items)).encode()).hexdigest()[:16]
+
+
+def _quarantined_but_present(ctx: ChunkContext, table: LegacyTable, bad: list) -> list[Problem]:
+    """A quarantined object that has a ``legacy_id_map`` entry was migrated after all."""
+    if not table.is_object or not bad:
+        return []
+    st = _state(ctx)
+    keys = [(ids.TYPES[table.type_name], r["id"]) for r, _ in bad]
+    found = st.newids._lookup(keys)
+    return [(table.name, str(legacy), "legacy_id_map", "quarantined row has a new ID")
+            for (_, legacy) in found]
+
+
+def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
+    """Chunk handler: check legacy rows ``lo..hi`` of ``table`` against the target."""
+    st = _state(ctx)
+    spec = SPEC[table]
+    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi)
+    builder = Builder(spec, resolver, st.newids, ctx.router.shardmap.buckets)
+    good = [(r, v) for r, v in judged if v.valid]
+    st.newids.prepare(builder.referenced(good), allocate=False)
+    missing = [(r, v) for r, v in good if not builder.resolvable(r, v)]
+    good = [(r, v) for r, v in good if builder.resolvable(r, v)]
+    expected = builder.build(good, allocate=False)
+    checker = Checker(ctx.router, spec, _owners(builder, good))
+    checker.problems += [(table, legacy_key(spec, r), "legacy_id_map", "no new ID recorded")
+                         for r, _ in missing]
+    checker.problems += _quarantined_but_present(ctx, spec, [(r, v) for r, v in judged
+                                                             if not v.valid])
+    _compare(checker, expected)
+    want, have = _digest(_expected_items(expected)), _digest(checker.found)
+    if want != have and not checker.problems:
+        checker.problems.append((table, f"{lo}..{hi}", "*", "content digest differs"))
+    ctx.ledger.record_mismatches(ctx.lease, checker.problems)
+    return Outcome(rows_read=len(judged), rows_written=len(good) - len(missing),
+                   rows_quarantined=len(checker.problems),
+                   counts={"expected": expected.count(), "mismatches": len(checker.problems),
+                           "digest_expected": want, "digest_found": have})
+
+
+def _compare(checker: Checker, expected: TargetRows) -> None:
+    for (shard, name), rows in expected.objects.items():
+        checker.objects(shard, name, rows)
+    for (shard, name), rows in expected.mappings.items():
+        checker.mappings(shard, name, rows)
+    checker.lookups(dict(expected.lookups))
+
+
+def _expected_items(expected: TargetRows) -> list[str]:
+    """Canonical text of every expected row (shared e-mail/username lookups excluded)."""
+    out = [canon_object(n, s, local, loads(doc), 1)
+           for (s, n), rows in expected.objects.items() for local, doc in rows]
+    out += [f"m|{n}|{a}|{b}|{c}" for (_, n), rows in expected.mappings.items()
+            for a, b, c in rows]
+    out += [f"l|{n}|{t}|{legacy}|{new}" for (_, n), rows in expected.lookups.items()
+            if n == "legacy_id_map" for t, legacy, new in rows]
+    return out
+

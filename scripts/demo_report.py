@@ -1,0 +1,89 @@
+"""The parts of ``farm demo``'s report, and ``farm demo --clean``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import redis
+
+from jobs.runtime import Runtime
+from scripts.app import App
+from shardfarm.db import connect
+from sharding.mappings import MappingStore
+from sharding.objects import ObjectStore
+from sharding.schema import mod_db, shard_db
+
+
+def table_lines(summary: dict) -> list[str]:
+    """``table  loaded  quarantined`` lines."""
+    out = [f"  {'legacy table':<14}{'loaded':>10}{'quarantined':>13}"]
+    for t, n in summary["loaded"].items():
+        out.append(f"  {t:<14}{n:>10,}{summary['quarantined'].get(t, 0):>13,}")
+    return out
+
+
+def quarantine_lines(rt: Runtime, run_id: str) -> list[str]:
+    """``table.reason  count`` lines of a run's quarantine."""
+    return [f"  {t + '.' + r:<32}{n:>7,}" for t, r, n in rt.ledger.quarantine_reasons(run_id)]
+
+
+def _biggest_board(app: App) -> int | None:
+    best = (0, None)
+    for shard in app.router.shardmap.shards():
+        q = f"`{shard_db(shard)}`.`board_has_pins`"
+        rows = app.router.query(app.router.host_for(shard),
+                                f"SELECT from_id, COUNT(*) n FROM {q} GROUP BY from_id "
+                                "ORDER BY n DESC LIMIT 1", (), shard)
+        if rows and rows[0][1] > best[0]:
+            best = (rows[0][1], rows[0][0])
+    return best[1]
+
+
+def board_page_lines(app: App, limit: int = 8) -> tuple[list[str], int | None]:
+    """A board page rendered from the shards: board -> pin IDs -> multi-get of pins."""
+    board = _biggest_board(app)
+    if board is None:
+        return ["(no board to show)"], None
+    objects = ObjectStore(app.router)
+    b = objects.get(board).data
+    store = MappingStore(app.router, "board_has_pins")
+    page = store.page(board, limit=limit)
+    pins = objects.get_many(page.ids)
+    out = [f"board page: {b['name']!r} ({store.count(board)} pins), newest first "
+           "(board_has_pins page, then a multi-get grouped by shard):"]
+    for pin in pins.found:
+        text = (pin.data.get("details") or "").replace("\n", " ")[:48]
+        out.append(f"  {pin.data['created_at']}  pin {pin.id}  {text}")
+    out.append(f"  next page cursor: {page.next_cursor}")
+    return out, board
+
+
+def clean_everything(app: App) -> dict:
+    """Drop the demo's shard, mod, legacy and control databases and the export directory."""
+    m = app.router.shardmap
+    dropped = 0
+    for shard in m.shards():
+        dropped += _drop(app, m.master(shard), shard_db(shard))
+    for b in range(m.buckets):
+        dropped += _drop(app, m.mod_master(b), mod_db(b))
+    for dsn in (app.settings.legacy_dsn, app.settings.control_dsn):
+        conn = connect(dsn, database=False)
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
+        conn.close()
+    export = app.settings.export_url
+    if export.startswith("file://"):
+        shutil.rmtree(Path(export[len("file://"):]), ignore_errors=True)
+    conn = redis.Redis.from_url(app.settings.redis_url)
+    keys = 0
+    for pattern in ("rq:*", "farm:*", "home:*"):
+        for key in conn.scan_iter(match=pattern, count=1000):
+            keys += conn.delete(key)
+    return {"dropped_databases": dropped + 2, "redis_keys_deleted": keys}
+
+
+def _drop(app: App, host, db: str) -> int:
+    with app.router.connection(host) as conn, conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+    return 1

@@ -1,0 +1,63 @@
+"""Helpers for migration tests: clean target, table checksums, checker inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pymysql
+
+from sharding.schema import MAPPING_TABLES, MOD_TABLES, OBJECT_TABLES, mod_db, shard_db
+from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS
+
+TARGET_SHARD_TABLES = [*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard",
+                       "chunk_fences"]
+
+
+def _servers(port_b: int) -> dict[int, list[str]]:
+    """Qualified tables of the test map per server port."""
+    out: dict[int, list[str]] = {3306: [], port_b: []}
+    for lo, hi, port in ((*SHARDS_A, 3306), (*SHARDS_B, port_b)):
+        for s in range(lo, hi + 1):
+            out[port] += [f"`{shard_db(s)}`.`{t}`" for t in TARGET_SHARD_TABLES]
+    out[port_b] += [f"`{mod_db(b)}`.`{t}`" for b in range(TEST_BUCKETS) for t in MOD_TABLES]
+    return out
+
+
+def truncate_target(port_b: int) -> None:
+    """Empty every shard and mod table of the test map."""
+    for port, tables in _servers(port_b).items():
+        conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+        with conn.cursor() as cur:
+            for t in tables:
+                cur.execute(f"TRUNCATE TABLE {t}")
+        conn.close()
+
+
+def checksums(port_b: int, skip: tuple[str, ...] = ("chunk_fences",)) -> dict[str, int]:
+    """``CHECKSUM TABLE`` of every target table (content, not timestamps)."""
+    out = {}
+    for port, tables in _servers(port_b).items():
+        conn = pymysql.connect(host="127.0.0.1", port=port, user="root")
+        with conn.cursor() as cur:
+            wanted = [t for t in tables if not t.endswith(tuple(f"`{s}`" for s in skip))]
+            for i in range(0, len(wanted), 200):
+                cur.execute("CHECKSUM TABLE " + ", ".join(wanted[i:i + 200]))
+                out.update({name: value for name, value in cur.fetchall()})
+        conn.close()
+    return out
+
+
+def quarantine_rows(control: dict, run_id: str) -> list[tuple[str, str, str]]:
+    """The quarantine of a run as the independent checker wants it."""
+    conn = pymysql.connect(**control)
+    with conn.cursor() as cur:
+        cur.execute("SELECT legacy_table, legacy_key, reason FROM quarantine WHERE run_id = %s",
+                    (run_id,))
+        rows = list(cur.fetchall())
+    conn.close()
+    return rows
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON summary a ``--wait`` command prints last."""
+    return json.loads(stdout.strip().splitlines()[-1])

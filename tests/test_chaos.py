@@ -1,0 +1,83 @@
+"""A migration under fire: SIGKILLed workers, a Redis that loses everything, MySQL
+connections killed server-side. It must still end exact: ``farm verify`` passes and
+the independent checker finds nothing."""
+
+import json
+import os
+import random
+import signal
+import time
+
+import pymysql
+import redis
+
+from jobs import runs
+from jobs.runtime import Runtime
+from tests.conftest import run_farm
+from tests.contract_checker import check_migration
+from tests.farmkit import children, start_workers, stop
+from tests.migratekit import last_json, quarantine_rows, truncate_target
+
+
+def _kill_connections(port: int) -> int:
+    """KILL every client connection on the server except this one."""
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+    killed = 0
+    with conn.cursor() as cur:
+        cur.execute("SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
+                    "AND command NOT IN ('Daemon', 'Binlog Dump') AND user = 'root'")
+        for (pid,) in cur.fetchall():
+            try:
+                cur.execute("KILL CONNECTION %s", (pid,))
+                killed += 1
+            except pymysql.MySQLError:
+                pass  # already gone
+    conn.close()
+    return killed
+
+
+def _kwargs(dsn) -> dict:
+    return {"host": dsn.host, "port": dsn.port, "user": dsn.user, "password": dsn.password,
+            "database": dsn.database}
+
+
+def test_migration_survives_chaos(farm_env, settings, router, ledger, server_b, map_path):
+    env = {**farm_env, "FARM_LEASE_SECONDS": "4"}
+    conn = redis.Redis.from_url(settings.redis_url)
+    conn.flushdb()
+    truncate_target(server_b.port)
+    assert run_farm(env, "legacy", "generate", "--users", "200", "--seed", "23").returncode == 0
+    workers = start_workers(env, 2)
+    rt = Runtime(settings)
+    rng = random.Random(5)
+    done = {"sigkill": 0, "flush": 0, "mysql_kill": 0}
+    try:
+        out = run_farm(env, "migrate", "--chunk-size", "250")
+        run_id = last_json(out.stdout)["run_id"]
+        deadline = time.monotonic() + 300
+        step = 0
+        while rt.ledger.refresh_status(run_id) != "done":
+            assert time.monotonic() < deadline, rt.ledger.progress(run_id)
+            time.sleep(1.0)
+            step += 1
+            if step % 3 == 0 and children(workers.pid):
+                os.kill(rng.choice(children(workers.pid)), signal.SIGKILL)
+                done["sigkill"] += 1
+            elif step % 3 == 1:
+                done["mysql_kill"] += _kill_connections(3306) + _kill_connections(server_b.port)
+            elif step == 5:
+                conn.flushdb()  # Redis lost everything mid-run
+                done["flush"] += 1
+                assert run_farm(env, "resume", run_id).returncode == 0
+        assert done["sigkill"] >= 1 and done["flush"] == 1 and done["mysql_kill"] >= 1, done
+        out = run_farm(env, "verify", timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert json.loads(out.stdout.strip().splitlines()[-1])["mismatches"] == 0
+    finally:
+        stop(workers)
+        rt.close()
+    problems = check_migration(_kwargs(settings.legacy_dsn), json.loads(map_path.read_text()),
+                               quarantine_rows(_kwargs(settings.control_dsn), run_id))
+    assert problems == []
+    summary = runs.summary(Runtime(settings), run_id)
+    assert summary["failed_chunks"] == 0
