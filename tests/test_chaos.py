@@ -52,23 +52,31 @@ def test_migration_survives_chaos(farm_env, settings, router, ledger, server_b, 
     rng = random.Random(5)
     done = {"sigkill": 0, "flush": 0, "mysql_kill": 0}
     try:
-        out = run_farm(env, "migrate", "--chunk-size", "250")
+        out = run_farm(env, "migrate", "--chunk-size", "120")
         run_id = last_json(out.stdout)["run_id"]
         deadline = time.monotonic() + 300
-        step = 0
-        while rt.ledger.refresh_status(run_id) != "done":
-            assert time.monotonic() < deadline, rt.ledger.progress(run_id)
-            time.sleep(1.0)
-            step += 1
-            if step % 3 == 0 and children(workers.pid):
+
+        def sigkill():
+            if children(workers.pid):
                 os.kill(rng.choice(children(workers.pid)), signal.SIGKILL)
                 done["sigkill"] += 1
-            elif step % 3 == 1:
-                done["mysql_kill"] += _kill_connections(3306) + _kill_connections(server_b.port)
-            elif step == 5:
-                conn.flushdb()  # Redis lost everything mid-run
-                done["flush"] += 1
-                assert run_farm(env, "resume", run_id).returncode == 0
+
+        def mysql_kill():
+            done["mysql_kill"] += _kill_connections(3306) + _kill_connections(server_b.port)
+
+        def flush_and_resume():
+            conn.flushdb()  # Redis lost everything mid-run
+            done["flush"] += 1
+            assert run_farm(env, "resume", run_id).returncode == 0
+
+        script = [sigkill, mysql_kill, flush_and_resume, sigkill, mysql_kill]
+        while rt.ledger.refresh_status(run_id) != "done":
+            assert time.monotonic() < deadline, rt.ledger.progress(run_id)
+            if rt.ledger.progress(run_id)[0]["done"] or not script:
+                action = script.pop(0) if script else rng.choice([sigkill, mysql_kill])
+                action()
+            time.sleep(0.7)
+        assert not script, "the run ended before every kind of chaos happened"
         assert done["sigkill"] >= 1 and done["flush"] == 1 and done["mysql_kill"] >= 1, done
         out = run_farm(env, "verify", timeout=600)
         assert out.returncode == 0, out.stdout + out.stderr
