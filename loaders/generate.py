@@ -10,33 +10,23 @@ quarantine and why; ``generate`` recreates the tables and bulk-loads the rows.
 
 from __future__ import annotations
 
-import functools
 import gc
-import os
 import random
-import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
 
-import pymysql
-
-from loaders.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
-from shardfarm.db import connect
+from loaders.legacy_schema import LEGACY_TABLES
+from loaders.legacy_write import ZERO, write
 from shardfarm.dsn import DSN
-from shardfarm.errors import DatabaseError, TransientDatabaseError, UnreachableError
-from sharding.pool import translate
+from shardfarm.errors import TransientDatabaseError, UnreachableError
 
-ZERO = -1                      # created_at sentinel for '0000-00-00 00:00:00'
 EPOCH = 1267401600             # 2010-03-01T00:00:00Z
 DAY = 86400
 HIGH_ID = 1 << 36              # legacy IDs from here on do not fit a 36-bit local ID
 MAX_ID = (1 << 64) - 1
-LOAD_ROWS = 50_000             # rows per LOAD DATA file
 
 FIRST = ("Anna", "José", "Zoë", "Łukasz", "Søren", "Ngozi", "Björk", "Mei", "Ana María",
          "Jean-Luc", "Aoife", "Đặng", "Ахмед", "Priya", "Kwame", "Ólafur", "Sarah", "Tom",
@@ -422,88 +412,6 @@ def report(data: LegacyData) -> dict:
                          "quarantined": {n: len(bad[n]) for n in rows}},
             "followers_per_board": {"max": followers[-1],
                                     "median": followers[len(followers) // 2]}}
-
-
-_SEP, _EOL, _NULL = "\ue000", "\ue001", "\ue002"   # private-use markers the data never holds
-_ESCAPES = ((b"\\", b"\\\\"), (b"\t", b"\\t"), (b"\n", b"\\n"), (b"\r", b"\\r"),
-            (b"\0", b"\\0"), (_SEP.encode(), b"\t"), (_EOL.encode(), b"\n"),
-            (_NULL.encode(), b"\\N"))
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def _when(t: int | None) -> str:
-    """``created_at`` as LOAD DATA text (memoised: bursts repeat the same second)."""
-    if t is None:
-        return _NULL
-    if t == ZERO:
-        return "0000-00-00 00:00:00"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
-
-
-def _tsv(rows: list[list]) -> bytes:
-    """Rows in LOAD DATA's default format: tab-separated, backslash-escaped, \\N for NULL.
-
-    Joined with marker characters, encoded, then escaped in bulk on bytes (3x faster
-    than escaping cell by cell).
-    """
-    text = _EOL.join([_SEP.join([_NULL if v is None else str(v) for v in r[:-1]])
-                      + _SEP + _when(r[-1]) for r in rows]) + _EOL
-    data = text.encode("utf-8")
-    if rows and data.count(_SEP.encode()) != len(rows) * (len(rows[0]) - 1):
-        raise ValueError("legacy data holds a private-use marker character")
-    for old, new in _ESCAPES:
-        data = data.replace(old, new)
-    return data
-
-
-def write(dsn: DSN, data: LegacyData, progress: Callable[[int], object] | None = None) -> None:
-    """Recreate the legacy tables and bulk-load ``data`` with LOAD DATA LOCAL INFILE.
-
-    One thread loads a file while the caller's thread writes the next one.
-    """
-    create_legacy_schema(dsn, drop=True)
-    conn = connect(dsn)
-    try:
-        with conn.cursor() as cur, tempfile.TemporaryDirectory(prefix="legacy-") as tmp, \
-                ThreadPoolExecutor(1, thread_name_prefix="legacy-load") as loader:
-            # zero dates need a sql_mode without NO_ZERO_DATE, NO_ZERO_IN_DATE and STRICT_*
-            cur.execute("SET SESSION sql_mode = 'NO_ENGINE_SUBSTITUTION'")
-            pending = None
-            for i, (table, chunk) in enumerate(_chunks(data)):
-                path = os.path.join(tmp, f"{i % 2}.tsv")  # the other file may be loading
-                with open(path, "wb") as fh:
-                    fh.write(_tsv(chunk))
-                if pending:
-                    pending.result()
-                pending = loader.submit(_load, cur, table, path, len(chunk), progress)
-            if pending:
-                pending.result()
-    except pymysql.MySQLError as exc:
-        raise translate(exc, f"{dsn.host}:{dsn.port}", None) from None
-    finally:
-        conn.close()
-
-
-def _chunks(data: LegacyData) -> Iterator[tuple[str, list[list]]]:
-    """``(table, rows)`` in pieces of at most ``LOAD_ROWS``, table by table."""
-    for table in LEGACY_TABLES:
-        rows = data.tables[table]
-        for lo in range(0, len(rows), LOAD_ROWS):
-            yield table, rows[lo:lo + LOAD_ROWS]
-
-
-def _load(cur, table: str, path: str, rows: int,
-          progress: Callable[[int], object] | None) -> None:
-    """Load one file; a skipped row or any warning is an error."""
-    loaded = cur.execute(f"LOAD DATA LOCAL INFILE %s INTO TABLE `{table}` CHARACTER SET "
-                         f"utf8mb4 ({', '.join(LEGACY_COLUMNS[table])})", (path,))
-    cur.execute("SHOW WARNINGS LIMIT 1")
-    warning = cur.fetchone()
-    if loaded != rows or warning:
-        raise DatabaseError(f"loading legacy {table}: {loaded} of {rows} rows loaded "
-                            f"({warning[2] if warning else 'no warning'})")
-    if progress:
-        progress(rows)
 
 
 def generate(dsn: DSN, users: int, seed: int = 1,
