@@ -111,7 +111,7 @@ def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
         if _previous_demo(app) not in (None, {"users": users, "seed": DEMO_SEED}):
             click.echo("    (the last demo used another data set: starting from clean)", err=True)
             clean_everything(app)
-        init_all(app)
+        init_all(app, tune=True)
     with p.phase("legacy generate"):
         gen = generate(app.settings.legacy_dsn, users, DEMO_SEED)
     p.set_rows("legacy generate", sum(gen["rows"].values()))

@@ -10,7 +10,7 @@ from tqdm import tqdm
 from scripts.app import App
 from scripts.options import emit, farm_options
 from shardfarm.db import ensure_database
-from sharding.provision import init_databases
+from sharding.provision import cache_advice, init_databases
 
 
 @click.group("shards")
@@ -18,7 +18,7 @@ def shards_group() -> None:
     """Create and inspect the shard databases of the shard map."""
 
 
-def init_all(app: App, quiet: bool = False) -> dict:
+def init_all(app: App, quiet: bool = False, tune: bool = False) -> dict:
     """Create the control database and every shard and mod bucket database; return a report."""
     ensure_database(app.settings.control_dsn)
     from shardfarm import control_schema
@@ -28,18 +28,22 @@ def init_all(app: App, quiet: bool = False) -> dict:
     with tqdm(total=total, unit="db", desc="shards init", disable=quiet or not sys.stderr.isatty(),
               leave=False) as bar:
         rep = init_databases(app.router, progress=bar.update)
+    for line in cache_advice(app.router, tune):
+        click.echo(f"farm: note: {line}", err=True)
     return {"shards": rep.shards, "mod_buckets": rep.buckets, "servers": rep.servers,
             "seconds": round(rep.seconds, 2)}
 
 
 @shards_group.command("init")
+@click.option("--tune", is_flag=True,
+              help="Raise each server's table caches to fit its tables (SET GLOBAL).")
 @farm_options
-def init(app: App) -> None:
+def init(app: App, tune: bool) -> None:
     """Create every database and table of the map, the mod buckets and the control database.
 
     Safe to run again: existing databases and tables are left as they are.
     """
-    emit(init_all(app))
+    emit(init_all(app, tune=tune))
 
 
 @shards_group.command("show")

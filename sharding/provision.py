@@ -65,3 +65,42 @@ def init_databases(router: Router, threads_per_server: int = 4,
                 progress(1)
     m = router.shardmap
     return ProvisionReport(m.shard_count(), m.buckets, len(servers), time.monotonic() - start)
+
+
+def tables_per_server(router: Router) -> dict[tuple, tuple[Host, int]]:
+    """How many tables the map puts on each master server."""
+    from sharding.schema import MOD_TABLES, SHARD_TABLES
+    m = router.shardmap
+    out: dict[tuple, tuple[Host, int]] = {}
+    for host, n in [(m.master(s), len(SHARD_TABLES)) for s in m.shards()] + [
+            (m.mod_master(b), len(MOD_TABLES)) for b in range(m.buckets)]:
+        prev = out.get(host.server, (host, 0))
+        out[host.server] = (prev[0], prev[1] + n)
+    return out
+
+
+def cache_advice(router: Router, tune: bool = False) -> list[str]:
+    """One line per server whose table caches are smaller than the tables it holds.
+
+    With ``tune`` the caches are raised (``SET GLOBAL``, until the server restarts).
+    """
+    advice = []
+    for host, n in tables_per_server(router).values():
+        with router.connection(host) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@table_open_cache, @@table_definition_cache")
+            open_cache, def_cache = cur.fetchone()
+            if min(open_cache, def_cache) >= n:
+                continue
+            where = f"server {host.host}:{host.port}"
+            if tune:
+                want = n + 1000
+                cur.execute(f"SET GLOBAL table_open_cache = {max(open_cache, want)}")
+                cur.execute(f"SET GLOBAL table_definition_cache = {max(def_cache, want)}")
+                advice.append(f"raised table_open_cache and table_definition_cache of {where} "
+                              f"to {want} for its {n} tables (until it restarts)")
+                continue
+        advice.append(f"{where} holds {n} tables but table_open_cache={open_cache}, "
+                      f"table_definition_cache={def_cache}: raise both to at least {n} for "
+                      "fast loads ('farm shards init --tune', or README 'Sizing the MySQL "
+                      "servers')")
+    return advice
