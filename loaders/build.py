@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-import calendar
-import datetime as dt
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from loaders.newids import NewIds
 from loaders.resolve import Resolver, Verdict
 from loaders.spec import SELF, SPEC, LegacyTable
+from loaders.when import iso, unix
 from sharding import ids
 from sharding.jsondoc import dumps
 from sharding.modshard import bucket_of, legacy_key
-
-
-def iso(value: dt.datetime) -> str:
-    """``2013-04-05T06:07:08Z`` (legacy DATETIMEs are UTC)."""
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def unix(value: dt.datetime) -> int:
-    """Unix seconds of a UTC DATETIME: a mapping row's sequence."""
-    return calendar.timegm(value.timetuple())
 
 
 @dataclass
@@ -48,6 +37,7 @@ class Builder:
     def __init__(self, table: LegacyTable, resolver: Resolver, newids: NewIds,
                  buckets: int) -> None:
         self.table, self.resolver, self.newids, self.buckets = table, resolver, newids, buckets
+        self._refs = {r.field: (SPEC[r.table], resolver.verdicts[r.table]) for r in table.refs}
 
     def referenced(self, judged: list[tuple[dict, Verdict]]) -> list[tuple]:
         """``(table, legacy_id, shard)`` of every object these rows create or point at."""
@@ -65,10 +55,10 @@ class Builder:
         return all(self.newids.known(t, legacy) for t, legacy, _ in self.referenced([(row, v)]))
 
     def ref_id(self, row: dict, field_name: str) -> int:
-        """New ID of the object referenced by ``field_name``."""
-        ref = self.table.ref(field_name)
+        """New ID of the object referenced by ``field_name`` (hot path: plain dict lookups)."""
+        spec, verdicts = self._refs[field_name]
         rid = row[field_name]
-        return self.newids.new_id(SPEC[ref.table], rid, self.resolver.shard_of(ref.table, rid))
+        return self.newids.new_id(spec, rid, verdicts[rid].shard)
 
     def build(self, judged: list[tuple[dict, Verdict]], allocate: bool = True) -> TargetRows:
         """Target rows of the valid rows in ``judged``."""
@@ -95,7 +85,7 @@ class Builder:
             value = row[f]
             if f == "created_at":
                 value = iso(value)
-            elif any(r.field == f for r in t.refs):
+            elif f in self._refs:
                 value = self.ref_id(row, f)
             doc[f] = value
         out.objects[(v.shard, t.name)].append((ids.decode(new).local, dumps(doc)))

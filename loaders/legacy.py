@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator
 
+import orjson
 import pymysql
 import pymysql.cursors
 
@@ -63,28 +64,32 @@ class LegacyReader:
             with conn.cursor(pymysql.cursors.SSCursor) as cur:
                 cur.execute(f"SELECT `{col}`, COUNT(*) FROM `{table.name}` GROUP BY `{col}` "
                             f"ORDER BY `{col}`")
-                yield from _cut(cur, chunk_rows)
+                yield from cut_ranges(cur, chunk_rows)
         finally:
             conn.close()
 
+    def rows(self, table: LegacyTable, cols: tuple[str, ...], where: str,
+             params: Iterable) -> list[dict]:
+        """Rows as dicts. Each row travels as one ``JSON_ARRAY`` decoded by orjson in C,
+        which is several times cheaper than PyMySQL's per-column decoding; DATETIMEs
+        arrive as ``'YYYY-MM-DD HH:MM:SS'`` text (zero dates included) or ``None``."""
+        sql = f"SELECT JSON_ARRAY({_cols(cols)}) FROM `{table.name}` WHERE {where}"
+        return [dict(zip(cols, orjson.loads(r[0]), strict=True)) for r in self.query(sql, params)]
+
     def chunk(self, table: LegacyTable, lo: int, hi: int) -> list[dict]:
         """Every row of ``table`` whose first key column is in ``[lo, hi]``, in key order."""
-        cols = table.columns
-        rows = self.query(f"SELECT {_cols(cols)} FROM `{table.name}` WHERE `{table.key[0]}` "
-                          f"BETWEEN %s AND %s ORDER BY {_cols(table.key)}", (lo, hi))
-        return [dict(zip(cols, r, strict=True)) for r in rows]
+        return self.rows(table, table.columns, f"`{table.key[0]}` BETWEEN %s AND %s "
+                         f"ORDER BY {_cols(table.key)}", (lo, hi))
 
-    def by_ids(self, table: LegacyTable, ids: Iterable[int]) -> dict[int, dict]:
-        """Rows of an object table by ``id``, in batches."""
+    def by_ids(self, table: LegacyTable, ids: Iterable[int],
+               cols: tuple[str, ...] | None = None) -> dict[int, dict]:
+        """Rows of an object table by ``id`` (only ``cols`` if given), in batches."""
         wanted = sorted(set(ids))
-        cols = table.columns
         out: dict[int, dict] = {}
         for i in range(0, len(wanted), IN_BATCH):
             part = wanted[i:i + IN_BATCH]
             marks = ",".join(["%s"] * len(part))
-            for r in self.query(f"SELECT {_cols(cols)} FROM `{table.name}` WHERE id IN ({marks})",
-                                part):
-                row = dict(zip(cols, r, strict=True))
+            for row in self.rows(table, cols or table.columns, f"id IN ({marks})", part):
                 out[row["id"]] = row
         return out
 
@@ -103,7 +108,9 @@ def _cols(cols: Iterable[str]) -> str:
     return ", ".join(f"`{c}`" for c in cols)
 
 
-def _cut(groups: Iterable[tuple[int, int]], chunk_rows: int) -> Iterator[tuple[int, int]]:
+def cut_ranges(groups: Iterable[tuple[int, int]], chunk_rows: int
+               ) -> Iterator[tuple[int, int]]:
+    """Inclusive ``(lo, hi)`` key ranges of about ``chunk_rows`` rows from ``(key, count)``."""
     lo = hi = None
     n = 0
     for key, count in groups:

@@ -9,11 +9,11 @@ the legacy data (and of the open-shard list frozen in the run).
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from loaders import when
 from loaders.legacy import LegacyReader
 from loaders.spec import RANDOM, SPEC, LegacyTable
 
@@ -50,7 +50,7 @@ class Resolver:
         self.place_user = place_user
         self.rows: dict[str, dict[int, dict]] = {t: {} for t, s in SPEC.items() if s.is_object}
         self._absent: dict[str, set[int]] = {t: set() for t in self.rows}
-        self._verdicts: dict[tuple[str, int], Verdict] = {}
+        self.verdicts: dict[str, dict[int, Verdict]] = {t: {} for t in self.rows}
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
         """Take a chunk's own rows and fetch everything they reference."""
@@ -69,7 +69,7 @@ class Resolver:
         if not todo:
             return
         table = SPEC[table_name]
-        fetched = self.reader.by_ids(table, todo)
+        fetched = self.reader.by_ids(table, todo, table.judge_columns)
         known.update(fetched)
         absent.update(todo - fetched.keys())
         self._fetch_refs(table, list(fetched.values()))
@@ -82,18 +82,20 @@ class Resolver:
         """The verdict on one row (memoised for object rows)."""
         if not table.is_object:
             return self._judge(table, row)
-        key = (table.name, row["id"])
-        if key not in self._verdicts:
-            self._verdicts[key] = self._judge(table, row)
-        return self._verdicts[key]
+        memo = self.verdicts[table.name]
+        v = memo.get(row["id"])
+        if v is None:
+            v = memo[row["id"]] = self._judge(table, row)
+        return v
 
     def _judge(self, table: LegacyTable, row: dict) -> Verdict:
         for f in table.required:
             value = row[f]
             if value is None:
                 return _bad(f"null_{f}")
-            if f == "created_at" and not isinstance(value, dt.datetime):
-                return _bad("zero_created_at", str(value))
+            if f == "created_at" and when.parse(value) is None:
+                zero = value.startswith("0000-00-00")
+                return _bad("zero_created_at" if zero else "invalid_created_at", value)
         shards: dict[str, int | None] = {}
         for ref in table.refs:
             rid = row[ref.field]
@@ -109,5 +111,5 @@ class Resolver:
         return Verdict(True, shard=shards.get(table.placement) if table.placement else None)
 
     def shard_of(self, table_name: str, legacy_id: int) -> int:
-        """The placement of a valid referenced object."""
-        return self.judge(SPEC[table_name], self.rows[table_name][legacy_id]).shard
+        """The placement of a valid (already judged) object."""
+        return self.verdicts[table_name][legacy_id].shard

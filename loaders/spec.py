@@ -62,6 +62,11 @@ class LegacyTable:
         return tuple(dict.fromkeys([*self.key, *rest]))
 
     @property
+    def judge_columns(self) -> tuple[str, ...]:
+        """The columns needed to judge and place a referenced row (no text fields)."""
+        return tuple(dict.fromkeys([*self.key, *self.required, *(r.field for r in self.refs)]))
+
+    @property
     def is_object(self) -> bool:
         """Whether rows become objects (else they only produce mapping rows)."""
         return self.type_name is not None

@@ -52,12 +52,13 @@ def _register() -> None:
         cmd_legacy,
         cmd_migrate,
         cmd_queue,
+        cmd_reverse,
         cmd_runs,
         cmd_shards,
         cmd_workers,
     )
-    for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_queue, cmd_workers,
-                   cmd_runs, cmd_demo):
+    for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_queue,
+                   cmd_workers, cmd_runs, cmd_demo):
         module.register(cli)
 
 

@@ -1,0 +1,76 @@
+"""``farm reverse``, ``farm rebalance`` and ``farm followers``."""
+
+from __future__ import annotations
+
+import click
+
+from jobs import runs
+from loaders import rebalance as rebalancer
+from loaders import reverse as reverser
+from scripts.app import App
+from scripts.cmd_migrate import preflight, warn_without_workers
+from scripts.cmd_runs import finish
+from scripts.options import emit, farm_options
+from sharding import hotspot, ids
+
+
+@click.command("reverse")
+@click.argument("tables", nargs=-1, metavar="[TABLE ...]")
+@click.option("--chunk-size", default=reverser.DEFAULT_CHUNK_ROWS, show_default=True,
+              type=click.IntRange(min=1), help="Forward rows per chunk.")
+@click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@farm_options
+def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool) -> None:
+    """Rebuild reverse mapping tables (default: all of them) from their forward tables.
+
+    pin_owned_by_board <- board_has_pins, board_followedby_users <-
+    user_follows_boards, pin_liked_by_users <- user_likes_pins. Hot boards'
+    followers go where the hotspot directory says.
+    """
+    preflight(app)
+    warn_without_workers(app)
+    params, chunks = reverser.plan(app.router, list(tables), chunk_size)
+    run_id = runs.start(app.runtime, "reverse", reverser.HANDLER, chunks, params)
+    finish(app, run_id, wait)
+
+
+@click.command("rebalance")
+@click.argument("table", metavar="TABLE")
+@click.option("--threshold", required=True, type=click.IntRange(min=1),
+              help="Spread boards with more than this many rows.")
+@click.option("--spread", default=4, show_default=True, type=click.IntRange(min=2),
+              help="Shards to spread each hot board over (spread across servers).")
+@click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@farm_options
+def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool) -> None:
+    """Spread hot mappings over several shards through the hotspot directory, online.
+
+    Each hot board goes planned -> copying -> active -> cleaned; a run that dies
+    at any step is completed by running the command again.
+    """
+    preflight(app)
+    warn_without_workers(app)
+    params, chunks = rebalancer.plan(app.router, table, threshold, spread)
+    run_id = runs.start(app.runtime, "rebalance", rebalancer.HANDLER, chunks, params)
+    finish(app, run_id, wait)
+
+
+@click.command("followers")
+@click.argument("board_id", type=int)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--cursor", default=None, help="The next_cursor of the previous page.")
+@farm_options
+def followers(app: App, board_id: int, limit: int, cursor: str | None) -> None:
+    """Print a page of a board's followers, newest first, through the hotspot directory."""
+    ids.decode(board_id)
+    page = hotspot.followers(app.router, board_id, limit, cursor)
+    entry = hotspot.Directory(app.router).get(board_id)
+    emit({"board_id": board_id, "followers": page.ids, "next_cursor": page.next_cursor,
+          "directory": None if entry is None else {"state": entry.state,
+                                                   "shards": list(entry.shards)}})
+
+
+def register(cli: click.Group) -> None:
+    """Attach this module's commands."""
+    for cmd in (reverse, rebalance, followers):
+        cli.add_command(cmd)

@@ -1,0 +1,234 @@
+"""Reverse rebuild, hotspot rebalance and the follower read/write paths, on two servers."""
+
+import random
+import threading
+
+import pytest
+import redis
+
+from jobs import lifecycle, runs
+from jobs.runtime import Runtime
+from loaders import rebalance as rebalancer
+from loaders import reverse as reverser
+from sharding import hotspot, ids
+from sharding.mappings import Edge, MappingStore
+from sharding.schema import shard_table
+from tests.conftest import SHARDS_A, SHARDS_B
+
+HOT_SHARD = SHARDS_A[0] + 5
+N_FOLLOWERS = 1200
+
+
+def _sql(router, shard, sql, params=()):
+    return router.query(router.host_for(shard), sql, params, shard)
+
+
+@pytest.fixture
+def rt(settings, ledger, router):
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    r = Runtime(settings)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def hot_board(router):
+    """A board on server A followed by N users spread over both servers (forward rows only)."""
+    rng = random.Random(99)
+    board = ids.encode(HOT_SHARD, "board", 900_000_000 + rng.randrange(10**6))
+    shards = [*range(SHARDS_A[0], SHARDS_A[1] + 1), *range(SHARDS_B[0], SHARDS_B[1] + 1)]
+    users = [ids.encode(rng.choice(shards), "user", 900_000_000 + i) for i in range(N_FOLLOWERS)]
+    follows = [Edge(u, board, 1_500_000_000 + i // 7) for i, u in enumerate(users)]
+    MappingStore(router, "user_follows_boards").add_many(follows)
+    yield board, {(u, f.sequence) for u, f in zip(users, follows, strict=True)}
+    for s in shards:
+        for t in ("board_followedby_users", "user_follows_boards"):
+            col = "from_id" if t == "board_followedby_users" else "to_id"
+            router.run(s, lambda cur, s=s, t=t, col=col: cur.execute(
+                f"DELETE FROM {shard_table(s, t)} WHERE {col} = %s", (board,)))
+    router.run(HOT_SHARD, lambda cur: cur.execute(
+        f"DELETE FROM {shard_table(HOT_SHARD, 'board_followedby_user_shard')} "
+        "WHERE board_id = %s", (board,)))
+
+
+def _run_inline(rt, kind, handler, params, chunks):
+    run_id = rt.ledger.create_run(kind, "none", {**params, "handler": handler}, chunks)
+    for c in range(len(chunks)):
+        lifecycle.execute(rt, run_id, c)
+    assert rt.ledger.refresh_status(run_id) == "done", rt.ledger.failures(run_id)
+    return run_id
+
+
+def _reverse(rt, router, tables):
+    params, chunks = reverser.plan(router, tables, chunk_rows=500)
+    return _run_inline(rt, "reverse", reverser.HANDLER, params, chunks)
+
+
+def _all_followers(router, board):
+    out, cursor = [], None
+    while True:
+        page = hotspot.followers(router, board, 97, cursor)
+        out += [(e.to_id, e.sequence) for e in page.edges]
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+def _rows_everywhere(router, board):
+    """(shard, user, seq) of every board_followedby_users row of the board, on any shard."""
+    out = []
+    for s in [*range(SHARDS_A[0], SHARDS_A[1] + 1), *range(SHARDS_B[0], SHARDS_B[1] + 1)]:
+        out += [(s, u, q) for u, q in _sql(router, s, "SELECT to_id, sequence FROM "
+                                           f"{shard_table(s, 'board_followedby_users')} "
+                                           "WHERE from_id = %s", (board,))]
+    return out
+
+
+def test_reverse_equals_inverted_forward(rt, router, hot_board):
+    board, expected = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+    rows = _rows_everywhere(router, board)
+    assert {(u, q) for _, u, q in rows} == expected and len(rows) == N_FOLLOWERS
+    assert {s for s, _, _ in rows} == {HOT_SHARD}  # on the board's shard
+    _reverse(rt, router, ["board_followedby_users"])  # again: nothing changes
+    assert sorted(_rows_everywhere(router, board)) == sorted(rows)
+
+
+def test_reader_during_rebalance_sees_every_follower_once(rt, router, hot_board, monkeypatch):
+    board, expected = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+    monkeypatch.setattr(rebalancer, "BATCH", 100)  # many small copy and clean steps
+    seen, stop, errors = [], threading.Event(), []
+
+    def reader():
+        from sharding.router import Router
+        from sharding.shardmap import ShardMapSource
+        r = Router(ShardMapSource(router.source.path))
+        while not stop.is_set():
+            got = _all_followers(r, board)
+            if len(got) != len(set(got)) or set(got) != expected:
+                errors.append((len(got), len(set(got))))
+            seen.append(len(got))
+        r.close()
+    checks = []
+
+    def read_now(*_args):
+        got = _all_followers(router, board)
+        checks.append(len(got) == len(set(got)) and set(got) == expected)
+    real_upsert = rebalancer._upsert
+
+    def upsert_then_read(ctx, shard, rows):
+        real_upsert(ctx, shard, rows)
+        read_now()
+    monkeypatch.setattr(rebalancer, "_upsert", upsert_then_read)
+    monkeypatch.setattr(rebalancer, "after_state", read_now)
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 3)
+        assert [c.args["board"] for c in chunks] == [board]
+        _run_inline(rt, "rebalance", rebalancer.HANDLER, params, chunks)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors and seen and len(checks) >= 30 and all(checks)
+    entry = hotspot.Directory(router).get(board)
+    assert entry.state == "cleaned" and len(entry.shards) == 3 and HOT_SHARD not in entry.shards
+    assert {s for s, _, _ in _rows_everywhere(router, board)} <= set(entry.shards)
+
+
+@pytest.mark.parametrize("die_at", ["copying", "active", "cleaned"])
+def test_rebalance_killed_at_each_state_completes_exactly(rt, router, hot_board, monkeypatch,
+                                                          die_at):
+    board, expected = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+
+    def die(b, state):
+        if state == die_at:
+            raise KeyboardInterrupt(f"killed after {state}")
+    monkeypatch.setattr(rebalancer, "after_state", die)
+    monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 0.5)
+    params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 4)
+    run_id = rt.ledger.create_run("rebalance", "none", {**params, "handler":
+                                                        rebalancer.HANDLER}, chunks)
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.execute(rt, run_id, 0)
+    assert hotspot.Directory(router).get(board).state == die_at
+    assert sorted(_all_followers(router, board)) == sorted(expected)  # still exact
+    monkeypatch.setattr(rebalancer, "after_state", lambda b, s: None)
+    params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 4)
+    if die_at != "cleaned":
+        _run_inline(rt, "rebalance", rebalancer.HANDLER, params, chunks)
+    else:
+        assert chunks == []  # nothing left to do
+    entry = hotspot.Directory(router).get(board)
+    rows = _rows_everywhere(router, board)
+    assert entry.state == "cleaned" and len(rows) == N_FOLLOWERS
+    assert all(s == hotspot.follower_shard(u, entry.shards) for s, u, _ in rows)
+    assert sorted(_all_followers(router, board)) == sorted(expected)
+    params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 4)
+    assert chunks == []  # re-running changes nothing
+
+
+def test_reverse_after_rebalance_keeps_the_spread(rt, router, hot_board):
+    board, expected = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+    params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 3)
+    _run_inline(rt, "rebalance", rebalancer.HANDLER, params, chunks)
+    before = sorted(_rows_everywhere(router, board))
+    _reverse(rt, router, ["board_followedby_users"])
+    after = sorted(_rows_everywhere(router, board))
+    assert after == before and HOT_SHARD not in {s for s, _, _ in after}
+    assert sorted(_all_followers(router, board)) == sorted(expected)
+
+
+def test_write_path_during_and_after_rebalance(rt, router, hot_board):
+    board, expected = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+    d = hotspot.Directory(router)
+    d.plan(board, hotspot.choose_shards(router, board, 3))
+    d.set_state(board, "copying")
+    early = ids.encode(SHARDS_B[0], "user", 950_000_001)
+    hotspot.add_follower(router, board, early, 1_600_000_000)
+    spread = hotspot.follower_shard(early, d.get(board).shards)
+    assert {s for s, u, _ in _rows_everywhere(router, board) if u == early} == {HOT_SHARD,
+                                                                                 spread}
+    params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 3)
+    _run_inline(rt, "rebalance", rebalancer.HANDLER, params, chunks)
+    late = ids.encode(SHARDS_A[1], "user", 950_000_002)
+    hotspot.add_follower(router, board, late, 1_600_000_001)
+    page = hotspot.followers(router, board, 2)
+    assert page.ids == [late, early]
+    assert sorted(_all_followers(router, board)) == sorted(
+        expected | {(early, 1_600_000_000), (late, 1_600_000_001)})
+
+
+def test_bad_rebalance_requests(router):
+    from shardfarm.errors import ConfigError
+    with pytest.raises(ConfigError, match="cannot rebalance"):
+        rebalancer.plan(router, "user_has_pins", 10, 3)
+    with pytest.raises(ConfigError, match="spread"):
+        rebalancer.plan(router, "board_followedby_users", 10, 1)
+    with pytest.raises(ConfigError, match="not a reverse table"):
+        reverser.plan(router, ["pins"])
+
+
+def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env):
+    from tests.conftest import run_farm
+    from tests.farmkit import start_workers, stop
+    board, _ = hot_board
+    workers = start_workers(farm_env, 2)
+    try:
+        out = run_farm(farm_env, "reverse", "board_followedby_users", "--wait")
+        assert out.returncode == 0, out.stderr
+        out = run_farm(farm_env, "rebalance", "board_followedby_users", "--threshold", "1000",
+                       "--spread", "3", "--wait")
+        assert out.returncode == 0, out.stderr
+    finally:
+        stop(workers)
+    out = run_farm(farm_env, "followers", str(board), "--limit", "5")
+    import json
+    doc = json.loads(out.stdout)
+    assert doc["directory"]["state"] == "cleaned" and len(doc["followers"]) == 5
+    assert runs.summary(rt, rt.ledger.latest_run("rebalance"))["loaded"] == {
+        "board_followedby_users": N_FOLLOWERS}
