@@ -25,7 +25,7 @@ from shardfarm.settings import Settings
 from sharding.router import Router
 
 HANDLER = "loaders.migrate.load_chunk"
-DEFAULT_CHUNK_ROWS = 10_000
+DEFAULT_CHUNK_ROWS = 25_000
 
 
 def plan(settings: Settings, router: Router, ledger: Ledger,
