@@ -48,6 +48,7 @@ def cli(log_level: str | None) -> None:
 def _register() -> None:
     from scripts import (
         cmd_demo,
+        cmd_feeds,
         cmd_ids,
         cmd_legacy,
         cmd_migrate,
@@ -57,8 +58,8 @@ def _register() -> None:
         cmd_shards,
         cmd_workers,
     )
-    for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_queue,
-                   cmd_workers, cmd_runs, cmd_demo):
+    for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_feeds,
+                   cmd_queue, cmd_workers, cmd_runs, cmd_demo):
         module.register(cli)
 
 

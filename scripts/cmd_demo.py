@@ -12,18 +12,30 @@ from contextlib import contextmanager
 import click
 
 from jobs import runs
+from loaders import feeds as feeder
 from loaders import migrate as migration
+from loaders import rebalance as rebalancer
+from loaders import reverse as reverser
 from loaders.generate import generate
 from scripts.app import App
 from scripts.cmd_migrate import preflight
 from scripts.cmd_shards import init_all
-from scripts.demo_report import board_page_lines, clean_everything, quarantine_lines, table_lines
+from scripts.demo_report import (
+    board_page_lines,
+    clean_everything,
+    hot_board_lines,
+    quarantine_lines,
+    table_lines,
+)
 from scripts.options import emit, farm_options
 from scripts.render import RunProgress
 from shardfarm.errors import FarmError
 from sharding import ids
+from sharding.hotspot import FOLLOWERS
 
 DEMO_SEED = 42
+HOT_THRESHOLD = 1000
+HOT_SPREAD = 4
 
 
 class Phases:
@@ -128,7 +140,24 @@ def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
                    + sum(summary["quarantined"].values()))
         with p.phase("verify"):
             verified = _verify(app, run_id)
+        with p.phase("reverse mappings"):
+            rev = _run(app, "reverse", reverser.HANDLER, *reverser.plan(app.router, []))
+        p.set_rows("reverse mappings", sum(rev["loaded"].values()))
+        with p.phase("rebalance hot boards"):
+            reb = _run(app, "rebalance", rebalancer.HANDLER,
+                       *rebalancer.plan(app.router, FOLLOWERS, HOT_THRESHOLD, HOT_SPREAD))
+        p.set_rows("rebalance hot boards", sum(reb["loaded"].values()))
+        with p.phase("home feeds"):
+            fed = _run(app, "feeds", feeder.HANDLER, *feeder.plan(app.router))
+        p.set_rows("home feeds", fed["loaded"].get("feeds", 0))
     _report(app, p, summary, status, verified)
+
+
+def _run(app: App, kind: str, handler: str, params: dict, chunks: list) -> dict:
+    """Start a run, show its progress, return its summary."""
+    run_id = runs.start(app.runtime, kind, handler, chunks, params)
+    _wait(app, run_id)
+    return runs.summary(app.runtime, run_id)
 
 
 def _verify(app: App, run_id: str) -> dict:
@@ -153,6 +182,7 @@ def _report(app: App, p: Phases, summary: dict, status: str, verified: dict) -> 
            f"{verified['mismatches']} mismatches", ""]
     page, board = board_page_lines(app)
     out += page
+    out += ["", *hot_board_lines(app)]
     if board:
         out += ["", f"decoded board ID {board}: {ids.decode(board).as_dict()}"]
     for line in out:

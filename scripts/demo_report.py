@@ -10,6 +10,7 @@ import redis
 from jobs.runtime import Runtime
 from scripts.app import App
 from shardfarm.db import connect
+from sharding import hotspot, ids
 from sharding.mappings import MappingStore
 from sharding.objects import ObjectStore
 from sharding.schema import mod_db, shard_db
@@ -57,6 +58,25 @@ def board_page_lines(app: App, limit: int = 8) -> tuple[list[str], int | None]:
         out.append(f"  {pin.data['created_at']}  pin {pin.id}  {text}")
     out.append(f"  next page cursor: {page.next_cursor}")
     return out, board
+
+
+def hot_board_lines(app: App) -> list[str]:
+    """The hotspot directory of the most followed board, and its first followers."""
+    rows = []
+    for shard in app.router.shardmap.shards():
+        q = f"`{shard_db(shard)}`.`board_followedby_user_shard`"
+        rows += app.router.query(app.router.host_for(shard),
+                                 f"SELECT board_id, SUM(row_count) FROM {q} GROUP BY board_id",
+                                 (), shard)
+    if not rows:
+        return ["no hot boards (nothing above the rebalance threshold)"]
+    board, n = max(rows, key=lambda r: r[1])
+    entry = hotspot.Directory(app.router).get(board)
+    page = hotspot.followers(app.router, board, 5)
+    return [f"hot board {board} ({int(n)} followers): directory state {entry.state}, "
+            f"followers spread over shards {list(entry.shards)} (home shard "
+            f"{ids.shard_of(board)} keeps none)",
+            f"  newest followers (fan-out read merged by sequence): {page.ids}"]
 
 
 def clean_everything(app: App) -> dict:

@@ -52,3 +52,13 @@ def leader(name: str) -> str:
 def cron_last(name: str) -> str:
     """The last schedule slot a cron entry fired for."""
     return f"{PREFIX}:cron:{name}:last"
+
+
+def home_feed(user_id: int) -> str:
+    """A user's home feed: list of pin IDs, newest first (readers ``LRANGE 0 49``)."""
+    return f"home:{user_id}"
+
+
+def home_feed_tmp(user_id: int) -> str:
+    """Where a rebuilt home feed is written before it is renamed over ``home_feed``."""
+    return f"home:{user_id}:tmp"

@@ -1,0 +1,54 @@
+"""``farm feeds rebuild``: rebuild Redis home feeds from the mappings as one resumable run."""
+
+from __future__ import annotations
+
+import click
+
+from jobs import runs
+from loaders import feeds as feed_loader
+from scripts.app import App
+from scripts.cmd_migrate import preflight, warn_without_workers
+from scripts.cmd_runs import finish
+from scripts.options import farm_options
+from sharding import ids
+
+
+def parse_users(text: str | None) -> list[int] | None:
+    """``ID,ID,...`` as user IDs (``None``: every user); a bad ID is an ``InvalidIdError``."""
+    if text is None:
+        return None
+    parts = [p for p in text.split(",") if p.strip()]
+    return feed_loader.check_user_ids(ids.parse(p).id for p in parts)
+
+
+@click.group("feeds")
+def feeds() -> None:
+    """Home feeds in Redis (home:<user_id>, newest pin first)."""
+
+
+@feeds.command("rebuild")
+@click.option("--users", default=None, metavar="ID,ID,...",
+              help="Only these users, as one chunk (default: every active user).")
+@click.option("--length", default=feed_loader.DEFAULT_LENGTH, show_default=True,
+              type=click.IntRange(1, feed_loader.MAX_LENGTH), help="Pins kept per feed.")
+@click.option("--chunk-size", default=feed_loader.DEFAULT_CHUNK_USERS, show_default=True,
+              type=click.IntRange(min=1), help="Users per chunk.")
+@click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@farm_options
+def rebuild(app: App, users: str | None, length: int, chunk_size: int, wait: bool) -> None:
+    """Rebuild home feeds from user_follows_boards and board_has_pins.
+
+    Each feed is swapped in atomically. Prints {"run_id", "status", "loaded":
+    {"feeds": users with a feed}, ...} as the last line (at once without --wait).
+    """
+    user_ids = parse_users(users)
+    preflight(app)
+    warn_without_workers(app)
+    params, chunks = feed_loader.plan(app.router, chunk_size, length, user_ids)
+    run_id = runs.start(app.runtime, feed_loader.KIND, feed_loader.HANDLER, chunks, params)
+    finish(app, run_id, wait)
+
+
+def register(cli: click.Group) -> None:
+    """Attach the ``feeds`` group."""
+    cli.add_command(feeds)
