@@ -38,6 +38,7 @@ class Builder:
                  buckets: int) -> None:
         self.table, self.resolver, self.newids, self.buckets = table, resolver, newids, buckets
         self._refs = {r.field: (SPEC[r.table], resolver.verdicts[r.table]) for r in table.refs}
+        self._type_id = ids.TYPES[table.type_name] if table.is_object else None
 
     def referenced(self, judged: list[tuple[dict, Verdict]]) -> list[tuple]:
         """``(table, legacy_id, shard)`` of every object these rows create or point at."""
@@ -61,34 +62,40 @@ class Builder:
         return self.newids.new_id(spec, rid, verdicts[rid].shard)
 
     def build(self, judged: list[tuple[dict, Verdict]], allocate: bool = True) -> TargetRows:
-        """Target rows of the valid rows in ``judged``."""
+        """Target rows of the valid rows in ``judged`` (the migration's hot loop)."""
         self.newids.prepare(self.referenced(judged), allocate)
         out = TargetRows()
+        t = self.table
+        mappings = [(m.table, m.from_, m.to) for m in t.mappings]
+        lookups = [(lk.table, lk.field) for lk in t.lookups]
         for row, v in judged:
-            own = self._object(out, row, v) if self.table.is_object else None
-            for m in self.table.mappings:
-                frm = own if m.from_ == SELF else self.ref_id(row, m.from_)
-                to = own if m.to == SELF else self.ref_id(row, m.to)
-                out.mappings[(ids.shard_of(frm), m.table)].append(
-                    (frm, to, unix(row["created_at"])))
-            for lk in self.table.lookups:
-                if row[lk.field] is not None:
-                    key = str(row[lk.field]).lower()
-                    out.lookups[(bucket_of(key, self.buckets), lk.table)].append((key, own))
+            own = self._object(out, row, v) if t.is_object else None
+            if mappings:
+                seq = unix(row["created_at"])
+                for name, frm_field, to_field in mappings:
+                    frm = own if frm_field == SELF else self.ref_id(row, frm_field)
+                    to = own if to_field == SELF else self.ref_id(row, to_field)
+                    out.mappings[(frm >> ids.SHARD_SHIFT, name)].append((frm, to, seq))
+            for name, field_name in lookups:
+                if row[field_name] is not None:
+                    key = str(row[field_name]).lower()
+                    out.lookups[(bucket_of(key, self.buckets), name)].append((key, own))
         return out
 
     def _object(self, out: TargetRows, row: dict, v: Verdict) -> int:
         t = self.table
-        new = self.newids.new_id(t, row["id"], v.shard)
-        doc: dict = {"legacy_id": row["id"]}
+        legacy = row["id"]
+        new = self.newids.new_id(t, legacy, v.shard)
+        doc: dict = {"legacy_id": legacy}
+        refs = self._refs
         for f in t.fields:
             value = row[f]
             if f == "created_at":
                 value = iso(value)
-            elif f in self._refs:
+            elif f in refs:
                 value = self.ref_id(row, f)
             doc[f] = value
-        out.objects[(v.shard, t.name)].append((ids.decode(new).local, dumps(doc)))
-        b = bucket_of(legacy_key(t.type_name, row["id"]), self.buckets)
-        out.lookups[(b, "legacy_id_map")].append((ids.TYPES[t.type_name], row["id"], new))
+        out.objects[(v.shard, t.name)].append((new & ids.MAX_LOCAL, dumps(doc)))
+        b = bucket_of(legacy_key(t.type_name, legacy), self.buckets)
+        out.lookups[(b, "legacy_id_map")].append((self._type_id, legacy, new))
         return new

@@ -21,7 +21,13 @@ from sharding.router import Router
 from sharding.schema import mod_table, shard_table
 
 MAX_CACHE = 2_000_000
+_TYPE_IDS = ids.TYPES
 UNION_BUCKETS = 200
+
+
+def fits(legacy: int) -> bool:
+    """Whether a legacy ID can be the local ID itself (1 <= id < 2**36)."""
+    return 0 < legacy < SMALL_LIMIT
 
 
 class NewIds:
@@ -35,13 +41,17 @@ class NewIds:
 
     def known(self, table: LegacyTable, legacy: int) -> bool:
         """Whether ``new_id`` can answer for this legacy ID."""
-        return legacy < SMALL_LIMIT or (ids.TYPES[table.type_name], legacy) in self.cache
+        return fits(legacy) or (ids.TYPES[table.type_name], legacy) in self.cache
 
     def new_id(self, table: LegacyTable, legacy: int, shard: int) -> int:
-        """The new ID of a legacy object (``prepare`` must have seen it if it is big)."""
-        t = ids.TYPES[table.type_name]
-        if legacy < SMALL_LIMIT:
-            return ids.encode(shard, t, legacy)
+        """The new ID of a legacy object (``prepare`` must have seen it if it is big).
+
+        Hot path: the parts are in range by construction (shard from the map, type
+        from the spec, 1 <= legacy < 2**36), so the ID is composed directly.
+        """
+        t = _TYPE_IDS[table.type_name]
+        if 0 < legacy < SMALL_LIMIT:
+            return (shard << ids.SHARD_SHIFT) | (t << ids.TYPE_SHIFT) | legacy
         return self.cache[(t, legacy)]
 
     def prepare(self, wanted: Iterable[tuple[LegacyTable, int, int]],
@@ -51,7 +61,7 @@ class NewIds:
         With ``allocate=False`` (verify) nothing is written; unknown IDs stay unknown.
         """
         big = {(ids.TYPES[tbl.type_name], legacy): (tbl, shard) for tbl, legacy, shard in wanted
-               if legacy >= SMALL_LIMIT}
+               if not fits(legacy)}
         big = {k: v for k, v in big.items() if k not in self.cache}
         if not big:
             return

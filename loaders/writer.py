@@ -30,7 +30,7 @@ MOD_UPSERT = {
     # Small legacy IDs map by a pure function (the latest placement wins); a big legacy
     # ID keeps the local ID the shard gave it first.
     "legacy_id_map": ("(type_id, legacy_id, new_id)", "ON DUPLICATE KEY UPDATE new_id = "
-                      "IF(legacy_id < 68719476736, VALUES(new_id), new_id)"),
+                      "IF(legacy_id BETWEEN 1 AND 68719476735, VALUES(new_id), new_id)"),
     "username_to_user": ("(username, user_id)",
                          "ON DUPLICATE KEY UPDATE user_id = LEAST(user_id, VALUES(user_id))"),
     "email_to_user": ("(email, user_id)",

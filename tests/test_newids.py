@@ -1,0 +1,52 @@
+"""New IDs for legacy rows: pure for small IDs, allocated once for big (or zero) ones."""
+
+import threading
+
+from loaders.newids import NewIds
+from loaders.spec import SPEC
+from sharding import ids
+from sharding.schema import shard_table
+from tests.conftest import SHARDS_A, SHARDS_B
+
+FLOORS = {"users": 5_000_000, "boards": 5_000_000, "pins": 5_000_000, "comments": 5_000_000}
+
+
+def test_small_ids_are_a_pure_function(router):
+    n = NewIds(router, FLOORS)
+    assert n.new_id(SPEC["pins"], 42, SHARDS_B[0]) == ids.encode(SHARDS_B[0], "pin", 42)
+
+
+def test_big_and_zero_ids_are_allocated_once_above_the_floor(router):
+    shard = SHARDS_A[0] + 6
+    for legacy in (2**40 + 12345, 0, 2**64 - 7):
+        first = NewIds(router, FLOORS)
+        first.prepare([(SPEC["boards"], legacy, shard)])
+        new = first.new_id(SPEC["boards"], legacy, shard)
+        d = ids.decode(new)
+        assert (d.shard, d.type_name) == (shard, "board") and d.local > FLOORS["boards"]
+        again = NewIds(router, FLOORS)  # another process finds it through legacy_id_map
+        again.prepare([(SPEC["boards"], legacy, shard)])
+        assert again.new_id(SPEC["boards"], legacy, shard) == new
+
+
+def test_racing_allocations_agree_and_losers_give_back(router):
+    shard = SHARDS_B[1]
+    legacy = 2**50 + 999
+    results, barrier = [], threading.Barrier(4)
+
+    def allocate():
+        n = NewIds(router, FLOORS)
+        barrier.wait()
+        n.prepare([(SPEC["pins"], legacy, shard)])
+        results.append(n.new_id(SPEC["pins"], legacy, shard))
+    threads = [threading.Thread(target=allocate) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1
+    q = shard_table(shard, "pins")
+    placeholders = router.query(router.host_for(shard),
+                                f"SELECT COUNT(*) FROM {q} WHERE active = 0 AND local_id > %s",
+                                (FLOORS["pins"],), shard)[0][0]
+    assert placeholders == 1  # only the winner's row remains
