@@ -16,6 +16,7 @@ class FarmGroup(click.Group):
     """A click group that turns ``FarmError`` into one line on stderr and an exit code."""
 
     def invoke(self, ctx: click.Context):
+        """Run the command; a ``FarmError`` or Redis error becomes one line and an exit code."""
         try:
             return super().invoke(ctx)
         except InvalidIdError as exc:

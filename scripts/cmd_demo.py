@@ -46,6 +46,7 @@ class Phases:
 
     @contextmanager
     def phase(self, name: str, rows: int | None = None):
+        """Time the ``with`` block as phase ``name``."""
         click.echo(f"==> {name}", err=True)
         t0 = time.monotonic()
         yield
