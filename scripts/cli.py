@@ -11,9 +11,18 @@ import redis
 from shardfarm import log
 from shardfarm.errors import FarmError, InvalidIdError
 
+ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
+         "followers", "feeds", "export", "cron", "workers", "scale", "status", "resume", "pause",
+         "unpause", "failed", "retry-failed", "enqueue", "id", "modshard")
+
 
 class FarmGroup(click.Group):
     """A click group that turns ``FarmError`` into one line on stderr and an exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Commands in the order an operator meets them, not alphabetical."""
+        names = super().list_commands(ctx)
+        return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
 
     def invoke(self, ctx: click.Context):
         """Run the command; a ``FarmError`` or Redis error becomes one line and an exit code."""
@@ -32,7 +41,8 @@ class FarmGroup(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=FarmGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=FarmGroup, context_settings={"help_option_names": ["-h", "--help"],
+                                             "max_content_width": 120, "terminal_width": 120})
 @click.option("--log-level", default=None, metavar="LEVEL",
               help="Logging level (DEBUG, INFO, WARNING). [env: FARM_LOG_LEVEL]")
 @click.version_option(package_name="shardfarm")

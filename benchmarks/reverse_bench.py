@@ -1,0 +1,143 @@
+"""``farm reverse`` throughput against LOAD DATA of the same rows, in the same run.
+
+Usage: ``python -m benchmarks.reverse_bench [--users N]``.
+
+On the private shard-host mariadbd of ``benchmarks.migrate_bench`` (Redis db 12,
+flushed before and after): generate legacy data and migrate it with 2 burst
+workers (setup, not timed), then
+
+- time ``farm reverse`` of all three reverse tables with ``farm workers
+  --count 2 --burst``, counting the reverse rows on every shard afterwards;
+- reference: dump exactly those rows to TSV (sorted by primary key), truncate
+  the reverse tables and time ``LOAD DATA LOCAL INFILE`` of them back, one
+  statement per table per shard, 2 client threads (as many as workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pymysql.cursors
+
+from benchmarks._server import ShardHostMariaDB
+from benchmarks.migrate_bench import (
+    CHUNK_SIZE,
+    MAPPING_COLUMNS,
+    SHARDS,
+    Bench,
+    Measure,
+    Target,
+    count_rows,
+    dump_table,
+    empty_tables,
+    flush_redis,
+    fmt_row,
+    generate,
+    load_data,
+    make_bench,
+    migrate,
+    print_header,
+    run_summary,
+    run_workers,
+    say,
+)
+from loaders.reverse import DEFAULT_CHUNK_ROWS, REVERSES
+from sharding.schema import shard_table
+
+CONTROL = "farm_control"
+WORKERS = 2
+
+
+def reverse_targets() -> list[Target]:
+    """The three reverse tables on every shard."""
+    return [Target(shard_table(s, t), *MAPPING_COLUMNS, "reverse mappings")
+            for s in range(SHARDS) for t in REVERSES]
+
+
+def forward_rows(bench: Bench) -> int:
+    """Rows of the forward tables the reverse tables are built from, all shards."""
+    names = [shard_table(s, t) for s in range(SHARDS) for t in REVERSES.values()]
+    return sum(count_rows(bench, names).values())
+
+
+def measure_reverse(bench: Bench) -> tuple[Measure, dict[str, int]]:
+    """Start ``farm reverse`` (no --wait), time the burst workers, check the run is done."""
+    names = [t.name for t in reverse_targets()]
+    empty_tables(bench, names)
+    say(f"farm reverse (all tables), then {WORKERS} burst workers")
+    out = bench.farm("reverse", control=CONTROL)
+    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
+    seconds = run_workers(bench, WORKERS, CONTROL)
+    run = run_summary(bench, run_id, CONTROL)
+    counts = count_rows(bench, names)
+    written = sum(k["rows_written"] for k in run["kinds"])
+    if written != sum(counts.values()):
+        print(f"note: the run reports {written:,} rows written, the tables hold "
+              f"{sum(counts.values()):,}")
+    return Measure(f"farm reverse, W={WORKERS} target rows written",
+                   sum(counts.values()), seconds), counts
+
+
+def dump_reverse(bench: Bench, counts: dict[str, int],
+                 into: Path) -> list[tuple[Target, Path, int]]:
+    """Dump every non-empty reverse table to a client-side TSV file, sorted by key."""
+    files = []
+    conn = bench.connect(cursorclass=pymysql.cursors.SSCursor)
+    try:
+        with conn.cursor() as cur:
+            for i, t in enumerate(reverse_targets()):
+                if counts.get(t.name):
+                    path = into / f"{i:05d}.tsv"
+                    dump_table(cur, t, path, 0)
+                    files.append((t, path, counts[t.name]))
+    finally:
+        conn.close()
+    return files
+
+
+def run(bench: Bench, users: int) -> None:
+    """The whole benchmark on a started server."""
+    say("farm shards init")
+    bench.farm("shards", "init")
+    legacy, gen_seconds = generate(bench, users)
+    print_header(bench, users, legacy, gen_seconds)
+    migrate(bench, WORKERS, CONTROL)
+    forward = forward_rows(bench)
+    rev, counts = measure_reverse(bench)
+    into = bench.workdir / "dump"
+    into.mkdir()
+    say("dumping the reverse tables, then LOAD DATA of them")
+    load = load_data(bench, dump_reverse(bench, counts, into))
+    shutil.rmtree(into, ignore_errors=True)
+    print(f"reverse chunk size {DEFAULT_CHUNK_ROWS:,} forward rows (migrate {CHUNK_SIZE:,}); "
+          f"forward rows {forward:,}, reverse rows {rev.rows:,}")
+    print(f"\n{'measurement':<68} {'rows':>10} {'seconds':>9} {'rows/s':>10}")
+    print(fmt_row(rev))
+    print(fmt_row(load))
+    print(f"ratio (rows/s): reverse/LOAD DATA = {rev.rate / load.rate:.2f}")
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    """Parse the options, start the private server, run, and always clean up."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--users", type=int, default=5000, help="legacy users (~40 rows each)")
+    args = ap.parse_args(None if argv is None else list(argv))
+    sys.stdout.reconfigure(line_buffering=True)
+    flush_redis()
+    server = ShardHostMariaDB.start_shard_host()
+    bench = make_bench(server)
+    try:
+        run(bench, args.users)
+    finally:
+        server.stop()
+        flush_redis()
+        shutil.rmtree(bench.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
