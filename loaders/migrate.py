@@ -17,7 +17,7 @@ from loaders.legacy import LegacyReader
 from loaders.newids import NewIds
 from loaders.resolve import Resolver, Verdict, user_placement
 from loaders.spec import ORDER, SPEC, legacy_key
-from loaders.writer import write_mod, write_shards
+from loaders.writer import write_all
 from shardfarm.context import ChunkContext
 from shardfarm.errors import ConfigError
 from shardfarm.ledger import ChunkSpec, Ledger, Outcome
@@ -97,9 +97,7 @@ def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
     ctx.check()
     target = Builder(spec, resolver, st.newids, ctx.router.shardmap.buckets).build(good)
-    write_mod(ctx.router, target)
-    ctx.check()
-    write_shards(ctx.router, ctx.token, target)
+    write_all(ctx.router, ctx.token, target)
     ctx.ledger.quarantine(ctx.lease, bad)
     return Outcome(rows_read=len(judged), rows_written=len(good), rows_quarantined=len(bad),
                    counts=target.count())

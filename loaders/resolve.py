@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from loaders import when
 from loaders.legacy import LegacyReader
 from loaders.spec import RANDOM, SPEC, LegacyTable
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """Whether a row migrates; if not, why; if so, its shard (object tables)."""
 
     valid: bool
@@ -80,9 +79,9 @@ class Resolver:
 
     def judge(self, table: LegacyTable, row: dict) -> Verdict:
         """The verdict on one row (memoised for object rows)."""
-        if not table.is_object:
+        memo = self.verdicts.get(table.name)
+        if memo is None:  # link tables (follows, likes): nothing to remember
             return self._judge(table, row)
-        memo = self.verdicts[table.name]
         v = memo.get(row["id"])
         if v is None:
             v = memo[row["id"]] = self._judge(table, row)

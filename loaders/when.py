@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import calendar
 import datetime as dt
 import functools
 
@@ -11,10 +10,12 @@ import functools
 def parse(text: str) -> tuple[str, int] | None:
     """``('2013-04-05T06:07:08Z', 1365142028)``, or ``None`` for a zero or invalid date."""
     try:
-        value = dt.datetime.fromisoformat(text)
+        value = dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC)
     except ValueError:
         return None
-    return value.strftime("%Y-%m-%dT%H:%M:%SZ"), calendar.timegm(value.timetuple())
+    if len(text) == 19 and text[10] == " ":  # MariaDB's DATETIME text: no re-formatting
+        return f"{text[:10]}T{text[11:]}Z", int(value.timestamp())
+    return value.strftime("%Y-%m-%dT%H:%M:%SZ"), int(value.timestamp())
 
 
 def iso(text: str) -> str:

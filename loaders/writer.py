@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 from loaders.build import TargetRows
 from sharding import fencing
@@ -22,6 +23,7 @@ from sharding.schema import mod_table, shard_table
 from sharding.shardmap import Host
 
 BATCH = 1000
+WRITE_THREADS = 2
 MULTI_BYTES = 2_000_000
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 COLUMNS = {"object": "(local_id, data, active)", "mapping": "(from_id, to_id, sequence)"}
@@ -58,19 +60,45 @@ def _load(cur, q: str, kind: str, rows: list[tuple]) -> None:
         os.unlink(path)
 
 
-def write_shards(router: Router, token: FenceToken | None, rows: TargetRows) -> None:
-    """Objects and mapping rows, one fenced transaction per shard."""
+def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
+                 threads: int = WRITE_THREADS) -> None:
+    """Objects and mapping rows, one fenced transaction per shard, a few shards at a time.
+
+    The worker only waits on the servers here, so overlapping transactions (each on
+    its own pooled connection) keeps the servers busy while one commits.
+    """
     per_shard: dict[int, list[tuple[str, str, list]]] = defaultdict(list)
     for (shard, table), items in rows.objects.items():
         per_shard[shard].append((table, "object", items))
     for (shard, table), items in rows.mappings.items():
         per_shard[shard].append((table, "mapping", items))
-    for shard, groups in sorted(per_shard.items()):
-        def tx(cur, shard=shard, groups=groups) -> None:
+
+    def one(shard: int, groups: list[tuple[str, str, list]]) -> None:
+        def tx(cur) -> None:
             fencing.check(cur, shard, token)
             for table, kind, items in groups:
                 _load(cur, shard_table(shard, table), kind, items)
         router.run(shard, tx)
+    _parallel([(one, shard, groups) for shard, groups in sorted(per_shard.items())], threads)
+
+
+def write_all(router: Router, token: FenceToken | None, rows: TargetRows) -> None:
+    """Mod-bucket lookups and shard rows at the same time; returns when both landed."""
+    with ThreadPoolExecutor(1, thread_name_prefix="mod-writer") as pool:
+        mod = pool.submit(write_mod, router, rows)
+        write_shards(router, token, rows)
+        mod.result()
+
+
+def _parallel(calls: list[tuple], threads: int) -> None:
+    """Run ``fn(*args)`` for each call on a thread pool; the first error is raised."""
+    if len(calls) <= 1 or threads <= 1:
+        for fn, *args in calls:
+            fn(*args)
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="shard-writer") as pool:
+        for f in [pool.submit(fn, *args) for fn, *args in calls]:
+            f.result()
 
 
 def _mod_statements(conn, b: int, table: str, rows: list[tuple]) -> list[str]:

@@ -139,10 +139,10 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
             real(router, token, partial)
             raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
         monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
-        monkeypatch.setattr(migration, "write_shards", die_half_way)
+        monkeypatch.setattr(writer, "write_shards", die_half_way)
         with pytest.raises(KeyboardInterrupt):
             lifecycle.execute(rt, run_id, pin_chunk)
-        monkeypatch.setattr(migration, "write_shards", real)
+        monkeypatch.setattr(writer, "write_shards", real)
         time.sleep(1.2)  # the dead attempt's lease expires
         _run_all_inline(rt, run_id, len(chunks))
         assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
