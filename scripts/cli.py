@@ -59,6 +59,7 @@ def cli(log_level: str | None) -> None:
 def _register() -> None:
     from scripts import (
         cmd_demo,
+        cmd_export,
         cmd_feeds,
         cmd_ids,
         cmd_legacy,
@@ -70,7 +71,7 @@ def _register() -> None:
         cmd_workers,
     )
     for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_feeds,
-                   cmd_queue, cmd_workers, cmd_runs, cmd_demo):
+                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export):
         module.register(cli)
 
 

@@ -64,6 +64,30 @@ STATEMENTS: list[str] = [
   problem VARCHAR(300) NOT NULL,
   PRIMARY KEY (run_id, chunk_id, legacy_table, legacy_key, target)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # Export parts written (or found intact) per destination file: what finalize lists in
+    # _manifest.json, and what a re-export compares an existing part with before skipping it.
+    # ref = sha256(dest NUL path), folder = sha256(dest NUL "table/dt=date/").
+    """CREATE TABLE IF NOT EXISTS export_parts (
+  ref CHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+  folder CHAR(64) CHARACTER SET ascii NOT NULL,
+  dest VARCHAR(1000) NOT NULL,
+  path VARCHAR(255) NOT NULL,
+  shard INT NOT NULL,
+  row_count BIGINT NOT NULL,
+  bytes BIGINT NOT NULL,
+  sha256 CHAR(64) CHARACTER SET ascii NOT NULL,
+  run_id VARCHAR(40) NOT NULL,
+  written_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
+  KEY by_folder (folder, run_id)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # The last schedule slot each 'farm cron' entry fired for (durable: a lost Redis neither
+    # re-fires a night nor forgets one).
+    """CREATE TABLE IF NOT EXISTS cron_state (
+  name VARCHAR(20) NOT NULL PRIMARY KEY,
+  last_slot DATETIME NOT NULL,
+  run_id VARCHAR(40) NULL,
+  updated_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 ]
 
 

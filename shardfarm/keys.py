@@ -49,11 +49,6 @@ def leader(name: str) -> str:
     return f"{PREFIX}:leader:{name}"
 
 
-def cron_last(name: str) -> str:
-    """The last schedule slot a cron entry fired for."""
-    return f"{PREFIX}:cron:{name}:last"
-
-
 def home_feed(user_id: int) -> str:
     """A user's home feed: list of pin IDs, newest first (readers ``LRANGE 0 49``)."""
     return f"home:{user_id}"

@@ -1,0 +1,124 @@
+"""Stream one shard table out of MySQL: a dedicated connection, one consistent snapshot, an
+unbuffered server-side cursor, so memory does not grow with the table.
+
+For JSON Lines the server builds each line around the stored JSON text
+(``CONCAT`` of the ID fields and ``data`` as it is): the client never parses or
+re-encodes a document, it only joins a batch of lines and compresses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import pymysql
+import pymysql.cursors
+
+from shardfarm.errors import ConfigError
+from sharding import ids
+from sharding.pool import translate
+from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
+from sharding.shardmap import Host
+
+EXPORT_TABLES: tuple[str, ...] = (*OBJECT_TABLES, *MAPPING_TABLES)
+BATCH_ROWS = 2000
+NET_WRITE_TIMEOUT = 600  # a slow upload may hold the cursor; the server must not give up on us
+
+
+def check_tables(tables: list[str]) -> list[str]:
+    """The tables to export (default: every object and mapping table), in a stable order."""
+    tables = tables or list(EXPORT_TABLES)
+    unknown = [t for t in tables if t not in EXPORT_TABLES]
+    if unknown:
+        raise ConfigError(f"cannot export {', '.join(unknown)} "
+                          f"(known: {', '.join(EXPORT_TABLES)})")
+    return list(dict.fromkeys(tables))
+
+
+@contextmanager
+def snapshot(host: Host, shard: int) -> Iterator[pymysql.Connection]:
+    """A dedicated (unpooled) connection inside ``START TRANSACTION WITH CONSISTENT SNAPSHOT``.
+
+    Text comes back as raw bytes (``use_unicode=False``): the stored UTF-8 is
+    written out as it is.
+    """
+    try:
+        conn = pymysql.connect(host=host.host, port=host.port, user=host.user,
+                               password=host.password, charset="utf8mb4", use_unicode=False,
+                               autocommit=True, connect_timeout=5)
+    except (pymysql.MySQLError, OSError) as exc:
+        raise translate(exc, host.name, shard) from None
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SET SESSION net_write_timeout = {NET_WRITE_TIMEOUT}")
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+        yield conn
+        with conn.cursor() as cur:
+            cur.execute("COMMIT")
+    except pymysql.MySQLError as exc:
+        raise translate(exc, host.name, shard) from None
+    finally:
+        with suppress(Exception):
+            conn.close()
+
+
+def _object_line_sql(table: str, shard: int) -> tuple[str, tuple]:
+    base = ids.encode(shard, OBJECT_TABLES[table], 1) - 1
+    sql = (f"SELECT CONCAT('{{\"id\":', %s + local_id, ',\"shard\":{shard},\"local_id\":', "
+           f"local_id, ',\"active\":', IF(active, 'true', 'false'), ',\"data\":', data, '}}') "
+           f"FROM {shard_table(shard, table)} ORDER BY local_id")
+    return sql, (base,)
+
+
+def _mapping_line_sql(table: str, shard: int) -> tuple[str, tuple]:
+    sql = ("SELECT CONCAT('{\"from_id\":', from_id, ',\"to_id\":', to_id, "
+           f"',\"sequence\":', sequence, '}}') FROM {shard_table(shard, table)} "
+           "ORDER BY from_id, to_id")
+    return sql, ()
+
+
+def _one_line(line: bytes) -> bytes:
+    """A stored document with raw line breaks (legal JSON whitespace) kept on one line."""
+    return line.replace(b"\r", b" ").replace(b"\n", b" ")
+
+
+def lines(conn: pymysql.Connection, table: str, shard: int,
+          batch: int = BATCH_ROWS) -> Iterator[tuple[bytes, int]]:
+    """``(bytes, rows)`` batches of JSON Lines (each line ends with ``\\n``) in key order."""
+    sql, params = (_object_line_sql if table in OBJECT_TABLES else _mapping_line_sql)(table, shard)
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(sql, params)
+        while True:
+            rows = cur.fetchmany(batch)
+            if not rows:
+                return
+            blob = b"\n".join([r[0] for r in rows])
+            if blob.count(b"\n") != len(rows) - 1:
+                blob = b"\n".join([_one_line(r[0]) for r in rows])
+            yield blob + b"\n", len(rows)
+
+
+def columns(conn: pymysql.Connection, table: str, shard: int,
+            batch: int = 50_000) -> Iterator[dict[str, list]]:
+    """Batches of column lists in key order (for columnar formats such as Parquet)."""
+    q = shard_table(shard, table)
+    if table in OBJECT_TABLES:
+        base = ids.encode(shard, OBJECT_TABLES[table], 1) - 1
+        sql, names = (f"SELECT local_id, active, data FROM {q} ORDER BY local_id",
+                      ("local_id", "active", "data"))
+    else:
+        base, sql, names = None, (f"SELECT from_id, to_id, sequence FROM {q} "
+                                  "ORDER BY from_id, to_id"), ("from_id", "to_id", "sequence")
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(sql)
+        while True:
+            rows = cur.fetchmany(batch)
+            if not rows:
+                return
+            cols = {n: [r[i] for r in rows] for i, n in enumerate(names)}
+            if base is not None:
+                cols = {"id": [base + x for x in cols["local_id"]],
+                        "shard": [shard] * len(rows), "local_id": cols["local_id"],
+                        "active": [bool(a) for a in cols["active"]], "data": cols["data"]}
+            yield cols

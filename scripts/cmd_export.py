@@ -1,0 +1,104 @@
+"""``farm export`` and ``farm cron`` (the nightly scheduler)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import click
+
+from exporters import export as exporter
+from jobs import runs
+from scripts.app import App
+from scripts.cmd_migrate import preflight, warn_without_workers
+from scripts.cmd_runs import finish
+from scripts.options import emit, farm_options
+from workers import cron as scheduler
+
+
+def _tables(text: str | None) -> list[str]:
+    return [t.strip() for t in (text or "").split(",") if t.strip()]
+
+
+_DEST = click.option("--dest", default=None, metavar="URL",
+                     help="s3://bucket/prefix or file:///abs/dir (default: FARM_EXPORT_URL).")
+_TABLES = click.option("--tables", default=None, metavar="T,...",
+                       help="Only these tables (default: every object and mapping table).")
+_FROM = click.option("--from", "role", type=click.Choice(exporter.ROLES), default="master",
+                     show_default=True, help="Read each shard from its master or its slave.")
+_FORMAT = click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]),
+                       default="jsonl", show_default=True,
+                       help="gzip JSON Lines, or Parquet (needs pyarrow).")
+
+
+@click.command("export")
+@click.option("--date", required=True, metavar="YYYY-MM-DD", help="The dt= partition to write.")
+@_DEST
+@_TABLES
+@_FROM
+@_FORMAT
+@click.option("--force", is_flag=True, help="Rewrite parts that are already there and intact.")
+@click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@farm_options
+def export(app: App, date: str, dest: str | None, tables: str | None, role: str, fmt: str,
+           force: bool, wait: bool) -> None:
+    """Export every shard of each table to {dest}/{table}/dt={date}/ for Spark.
+
+    One chunk per (table, shard) streams one consistent snapshot into
+    part-{shard:05d}.jsonl.gz; when a table's parts are all there, _manifest.json
+    and then _SUCCESS are written. Running it again for the same date skips
+    intact parts (unless --force).
+    """
+    preflight(app)
+    params, chunks = exporter.plan(app.router, date, dest or app.settings.export_url,
+                                   _tables(tables), fmt, role, force)
+    warn_without_workers(app)
+    run_id = runs.start(app.runtime, "export", exporter.HANDLER, chunks, params)
+    finish(app, run_id, wait)
+
+
+@click.command("cron")
+@click.option("--at", "at", default=scheduler.DEFAULT_AT, show_default=True,
+              envvar="FARM_EXPORT_CRON", metavar="CRON",
+              help="When to export the previous UTC day: 5 cron fields, UTC. "
+                   "[env: FARM_EXPORT_CRON]")
+@click.option("--once", is_flag=True, help="One round (take the lease, fire what is due), exit.")
+@click.option("--name", default="export", show_default=True,
+              help="The schedule entry's name (its state and leader lease).")
+@_DEST
+@_TABLES
+@_FROM
+@_FORMAT
+@farm_options
+def cron(app: App, at: str, once: bool, name: str, dest: str | None, tables: str | None,
+         role: str, fmt: str) -> None:
+    """Nightly scheduler: start the export of the previous UTC day at each slot of --at.
+
+    Run as many as you like (the Procfile's 'clock'); one leads through a lease
+    in Redis, and the control database makes each slot fire once. Slots missed
+    while none ran are caught up on start (up to 7, oldest first). Prints one
+    JSON line per export started.
+    """
+    scheduler.check_expression(at)
+    preflight(app)
+    export_args = {"dest": dest, "tables": _tables(tables), "from": role, "format": fmt}
+    s = scheduler.Scheduler(app.runtime, name=name, at=at, export_args=export_args)
+    if once:
+        try:
+            leader = s.lead()
+            fired = [s.fire(slot) for slot in s.due()] if leader else []
+        finally:
+            s.resign()
+        emit({"cron": name, "leader": leader, "fired": fired})
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo(f"farm cron: {name} at '{at}' UTC (owner {s.owner})", err=True)
+    s.run(stop, on_fire=emit)
+
+
+def register(cli: click.Group) -> None:
+    """Attach this module's commands."""
+    cli.add_command(export)
+    cli.add_command(cron)

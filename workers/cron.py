@@ -1,0 +1,188 @@
+"""The nightly scheduler (``farm cron``, the Procfile's ``clock``): enqueue the export of the
+previous UTC day at each slot of a cron expression (default ``0 3 * * *``).
+
+Any number may run; one acts. Each holds for a leader lease in Redis
+(``SET NX PX``, renewed every tick); only the leader looks at the schedule.
+What fired is durable in the control database, not Redis: ``cron_state`` keeps
+the last slot per entry, and each slot's run has a deterministic run ID
+(``cron-export-20261122T0300Z``), so even two schedulers that both believe
+they lead (a lease lost in a pause, a Redis that restarted empty) create one
+run per slot: the second insert of the same run ID is refused by its primary key.
+
+Catch-up: every slot missed since the last one fired (while no scheduler ran)
+fires when a scheduler starts, oldest first, at most ``CATCH_UP`` of them (the
+most recent). A first start with no state fires only the most recent slot.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+
+from croniter import croniter
+
+from exporters import export
+from jobs.dispatch import dispatch
+from jobs.runs import DEFAULT_QUEUE, resume
+from jobs.runtime import Runtime
+from shardfarm import keys
+from shardfarm.errors import ConfigError, DatabaseError
+from shardfarm.retry import TRANSIENT
+
+log = logging.getLogger(__name__)
+DEFAULT_AT = "0 3 * * *"
+TICK_SECONDS = 5.0
+LEASE_SECONDS = 15.0
+CATCH_UP = 7
+EPOCH = dt.datetime(1970, 1, 1)
+_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+          "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
+_RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
+            "return redis.call('del', KEYS[1]) else return 0 end")
+
+
+def check_expression(expr: str) -> str:
+    """A 5-field cron expression (minute hour day month weekday, UTC), or one clear line."""
+    if len(expr.split()) != 5 or not croniter.is_valid(expr):
+        raise ConfigError(f"bad cron expression {expr!r} (expected 5 fields such as "
+                          f"'{DEFAULT_AT}', in UTC)")
+    return expr
+
+
+def utcnow() -> dt.datetime:
+    """Now in UTC, naive (the control database's DATETIME columns are UTC)."""
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def slots_between(expr: str, after: dt.datetime | None, now: dt.datetime,
+                  limit: int = CATCH_UP) -> list[dt.datetime]:
+    """Slots in ``(after, now]``, oldest first, at most the ``limit`` most recent.
+
+    With ``after`` unknown (``None``) only the most recent slot is due.
+    """
+    it = croniter(expr, now + dt.timedelta(seconds=1))  # get_prev is strictly before its start
+    out: list[dt.datetime] = []
+    while len(out) < (1 if after is None else limit):
+        slot = it.get_prev(dt.datetime)
+        if after is not None and slot <= after:
+            break
+        out.append(slot)
+    return out[::-1]
+
+
+def run_id_for(name: str, slot: dt.datetime) -> str:
+    """The one run ID a slot can ever have: ``cron-export-20261122T0300Z``."""
+    return f"cron-{name}-{slot:%Y%m%dT%H%M}Z"
+
+
+class Scheduler:
+    """One cron entry that starts an export run per slot, acting only while it leads."""
+
+    def __init__(self, rt: Runtime, *, name: str = "export", at: str = DEFAULT_AT,
+                 export_args: dict | None = None,
+                 now: Callable[[], dt.datetime] = utcnow, owner: str | None = None,
+                 lease_seconds: float = LEASE_SECONDS, catch_up: int = CATCH_UP) -> None:
+        if not name.replace("-", "").isalnum() or len(name) > 20:
+            raise ConfigError(f"bad cron entry name {name!r} (letters, digits, '-'; 20 at most)")
+        self.rt, self.name, self.at = rt, name, check_expression(at)
+        self.export_args = dict(export_args or {})
+        self.now, self.catch_up = now, catch_up
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.lease_ms = int(lease_seconds * 1000)
+        self.key = keys.leader(f"cron:{name}")
+
+    # -- leadership ---------------------------------------------------------------------
+    def lead(self) -> bool:
+        """Take the leader lease, or renew it if it is ours; whether we lead now."""
+        r = self.rt.redis
+        if r.set(self.key, self.owner, nx=True, px=self.lease_ms):
+            return True
+        return bool(r.eval(_RENEW, 1, self.key, self.owner, self.lease_ms))
+
+    def resign(self) -> None:
+        """Give the lease up if it is ours (on shutdown), so another takes over at once."""
+        self.rt.redis.eval(_RELEASE, 1, self.key, self.owner)
+
+    # -- durable state ------------------------------------------------------------------
+    def _sql(self, sql: str, params: tuple) -> tuple[int, list[tuple]]:
+        def attempt() -> tuple[int, list[tuple]]:
+            with self.rt.ledger.pool.connection() as conn, conn.cursor() as cur:
+                n = cur.execute(sql, params)
+                return n, list(cur.fetchall())
+        return TRANSIENT.call(attempt)
+
+    def last_slot(self) -> dt.datetime | None:
+        """The last slot fired, or ``None`` before the first."""
+        _, rows = self._sql("SELECT last_slot FROM cron_state WHERE name = %s", (self.name,))
+        return None if not rows or rows[0][0] <= EPOCH else rows[0][0]
+
+    def _advance(self, slot: dt.datetime, run_id: str) -> bool:
+        self._sql("INSERT IGNORE INTO cron_state (name, last_slot) VALUES (%s, %s)",
+                  (self.name, EPOCH))
+        n, _ = self._sql("UPDATE cron_state SET last_slot = %s, run_id = %s "
+                         "WHERE name = %s AND last_slot < %s", (slot, run_id, self.name, slot))
+        return n == 1
+
+    # -- firing -------------------------------------------------------------------------
+    def due(self) -> list[dt.datetime]:
+        """Slots not fired yet, oldest first (see the module's catch-up rule)."""
+        return slots_between(self.at, self.last_slot(), self.now(), self.catch_up)
+
+    def fire(self, slot: dt.datetime) -> dict:
+        """Start the export of the day before ``slot`` (once per slot, whoever asks)."""
+        date = (slot.date() - dt.timedelta(days=1)).isoformat()
+        a = self.export_args
+        params, chunks = export.plan(self.rt.router, date, a.get("dest") or
+                                     self.rt.settings.export_url, a.get("tables"),
+                                     a.get("format", "jsonl"), a.get("from", "master"))
+        run_id = run_id_for(self.name, slot)
+        params = {**params, "handler": export.HANDLER, "cron": self.name,
+                  "slot": slot.isoformat() + "Z"}
+        try:
+            self.rt.ledger.create_run("export", DEFAULT_QUEUE, params, chunks, run_id=run_id)
+            created = True
+        except DatabaseError as exc:
+            if exc.code != 1062:  # not "that run exists already"
+                raise
+            created = False
+        if created:
+            dispatch(self.rt.redis, DEFAULT_QUEUE, run_id,
+                     range(self.rt.ledger.run(run_id)["total_chunks"]))
+        elif (self.last_slot() or EPOCH) < slot:
+            # created, but its creator died before recording the slot: it may never have
+            # been queued. (A rival that fired it records the slot right after queueing.)
+            resume(self.rt, run_id)
+        self._advance(slot, run_id)
+        log.warning("cron %s: slot %s -> export of %s (%s, run %s)", self.name, slot, date,
+                    "started" if created else "already started", run_id)
+        return {"cron": self.name, "slot": slot.isoformat() + "Z", "date": date,
+                "run_id": run_id, "created": created}
+
+    def tick(self) -> list[dict]:
+        """One round: if leading, fire every due slot; returns what fired."""
+        if not self.lead():
+            return []
+        return [self.fire(slot) for slot in self.due()]
+
+    def run(self, stop: threading.Event, on_fire: Callable[[dict], None] | None = None,
+            every: float = TICK_SECONDS) -> None:
+        """Tick every ``every`` seconds until ``stop`` is set; errors are logged, not fatal."""
+        try:
+            while not stop.is_set():
+                try:
+                    for fired in self.tick():
+                        if on_fire:
+                            on_fire(fired)
+                except Exception:
+                    log.exception("cron %s: tick failed; trying again in %ss", self.name, every)
+                stop.wait(every)
+        finally:
+            try:
+                self.resign()
+            except Exception:  # noqa: BLE001 - the lease expires by itself
+                log.warning("cron %s: could not resign the lease", self.name)
