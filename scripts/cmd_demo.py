@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 
 import click
 
+from exporters import export as exporter
 from jobs import runs
 from loaders import feeds as feeder
 from loaders import migrate as migration
@@ -23,6 +25,7 @@ from scripts.cmd_shards import init_all
 from scripts.demo_report import (
     board_page_lines,
     clean_everything,
+    export_lines,
     hot_board_lines,
     quarantine_lines,
     table_lines,
@@ -113,8 +116,10 @@ def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
     """Run the whole story on the default setup (localhost MariaDB and Redis).
 
     Generates a legacy database, creates the shards, starts its own workers,
-    migrates with a progress bar, verifies, and prints a report. Safe to run
-    again; --clean removes what it made.
+    migrates with a progress bar, verifies, rebuilds the reverse mappings,
+    rebalances hot boards, rebuilds home feeds, exports yesterday's partition
+    to FARM_EXPORT_URL (./exports) and prints a report. Safe to run again;
+    --clean removes what it made.
     """
     if clean:
         emit(clean_everything(app))
@@ -151,7 +156,13 @@ def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
         with p.phase("home feeds"):
             fed = _run(app, "feeds", feeder.HANDLER, *feeder.plan(app.router))
         p.set_rows("home feeds", fed["loaded"].get("feeds", 0))
-    _report(app, p, summary, status, verified)
+        date = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
+        with p.phase("export"):
+            params, chunks = exporter.plan(app.router, date, app.settings.export_url,
+                                           force=True)
+            exp = _run(app, "export", exporter.HANDLER, {**params, "demo": True}, chunks)
+        p.set_rows("export", sum(exp["loaded"].values()))
+    _report(app, p, summary, status, verified, date)
 
 
 def _run(app: App, kind: str, handler: str, params: dict, chunks: list) -> dict:
@@ -173,7 +184,8 @@ def _verify(app: App, run_id: str) -> dict:
     return {"run_id": vid, "status": status, "mismatches": n}
 
 
-def _report(app: App, p: Phases, summary: dict, status: str, verified: dict) -> None:
+def _report(app: App, p: Phases, summary: dict, status: str, verified: dict,
+            date: str) -> None:
     rt = app.runtime
     out = ["", "shardfarm demo", "=" * 60,
            f"migration {summary['run_id']}: {status}, {summary['failed_chunks']} failed chunks",
@@ -186,6 +198,7 @@ def _report(app: App, p: Phases, summary: dict, status: str, verified: dict) -> 
     out += ["", *hot_board_lines(app)]
     if board:
         out += ["", f"decoded board ID {board}: {ids.decode(board).as_dict()}"]
+    out += ["", *export_lines(app, date)]
     for line in out:
         click.echo(line)
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import json
+import os
+from contextlib import suppress
 
+import pymysql
 import redis
 
+from exporters import export as exporter
+from exporters.destinations import FileDestination, open_destination
+from exporters.dump import EXPORT_TABLES
 from jobs.runtime import Runtime
 from scripts.app import App
 from shardfarm.db import connect
+from shardfarm.errors import FarmError
 from sharding import hotspot, ids
 from sharding.mappings import MappingStore
 from sharding.objects import ObjectStore
@@ -79,8 +85,56 @@ def hot_board_lines(app: App) -> list[str]:
             f"  newest followers (fan-out read merged by sequence): {page.ids}"]
 
 
+def export_lines(app: App, date: str) -> list[str]:
+    """Where the export of ``date`` is: each table's folder, files, rows and size."""
+    dest = open_destination(app.settings.export_url)
+    out = [f"exports of dt={date} under {dest.url}/ (manifest, then _SUCCESS):"]
+    for table in EXPORT_TABLES:
+        folder = exporter.folder_of(table, date)
+        raw = dest.read(folder + exporter.MANIFEST)
+        if raw is None:
+            continue
+        m = json.loads(raw)
+        done = "_SUCCESS" if dest.exists(folder + exporter.SUCCESS) else "incomplete"
+        out.append(f"  {folder:<38}{len(m['files']):>3} parts{m['rows']:>10,} rows"
+                   f"{m['bytes'] / 1e6:>8.2f} MB  {done}")
+    if isinstance(dest, FileDestination):
+        out.append(f"  read as Spark would, e.g. DuckDB: SELECT count(*) FROM read_json("
+                   f"'{dest.root}/pins/*/*.jsonl.gz', hive_partitioning=true)")
+    return out
+
+
+def remove_demo_exports(app: App) -> int:
+    """Delete the files of every export the demo ran (never the rest of the destination)."""
+    try:
+        ledger = app.runtime.ledger
+        demo_runs = [r for r in map(ledger.run, ledger.runs(limit=100_000))
+                     if r["kind"] == "export" and r["params"].get("demo")]
+    except (FarmError, pymysql.MySQLError):
+        return 0  # no control database: the demo has not exported anything
+    removed = 0
+    for run in demo_runs:
+        p = run["params"]
+        dest = open_destination(p["dest"])
+        for table in p["kinds"]:
+            for key in dest.list(exporter.folder_of(table, p["date"])):
+                dest.delete(key)
+                removed += 1
+        if isinstance(dest, FileDestination):
+            _prune_empty(dest.root)
+    return removed
+
+
+def _prune_empty(root) -> None:
+    """Remove empty directories under ``root`` (bottom up), and ``root`` if it ends empty."""
+    for path, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
+        with suppress(OSError):  # not empty
+            os.rmdir(path)
+
+
 def clean_everything(app: App) -> dict:
-    """Drop the demo's shard, mod, legacy and control databases and the export directory."""
+    """Drop the demo's shard, mod, legacy and control databases and the demo's exports."""
+    exported = remove_demo_exports(app)
     m = app.router.shardmap
     dropped = 0
     for shard in m.shards():
@@ -92,15 +146,13 @@ def clean_everything(app: App) -> dict:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
         conn.close()
-    export = app.settings.export_url
-    if export.startswith("file://"):
-        shutil.rmtree(Path(export[len("file://"):]), ignore_errors=True)
     conn = redis.Redis.from_url(app.settings.redis_url)
     keys = 0
     for pattern in ("rq:*", "farm:*", "home:*"):
         for key in conn.scan_iter(match=pattern, count=1000):
             keys += conn.delete(key)
-    return {"dropped_databases": dropped + 2, "redis_keys_deleted": keys}
+    return {"dropped_databases": dropped + 2, "redis_keys_deleted": keys,
+            "export_files_deleted": exported}
 
 
 def _drop(app: App, host, db: str) -> int:
