@@ -149,9 +149,10 @@ def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
         with p.phase("reverse mappings"):
             rev = _run(app, "reverse", reverser.HANDLER, *reverser.plan(app.router, []))
         p.set_rows("reverse mappings", sum(rev["loaded"].values()))
+        spread = min(HOT_SPREAD, len(list(app.router.shardmap.shards())) - 1)
         with p.phase("rebalance hot boards"):
             reb = _run(app, "rebalance", rebalancer.HANDLER,
-                       *rebalancer.plan(app.router, FOLLOWERS, HOT_THRESHOLD, HOT_SPREAD))
+                       *rebalancer.plan(app.router, FOLLOWERS, HOT_THRESHOLD, spread))
         p.set_rows("rebalance hot boards", sum(reb["loaded"].values()))
         with p.phase("home feeds"):
             fed = _run(app, "feeds", feeder.HANDLER, *feeder.plan(app.router))
