@@ -14,7 +14,7 @@ from contextlib import contextmanager, suppress
 import pymysql
 import pymysql.cursors
 
-from shardfarm.errors import ConfigError
+from shardfarm.errors import ConfigError, FatalError
 from sharding import ids
 from sharding.pool import translate
 from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
@@ -93,8 +93,12 @@ def lines(conn: pymysql.Connection, table: str, shard: int,
             rows = cur.fetchmany(batch)
             if not rows:
                 return
-            blob = b"\n".join([r[0] for r in rows])
-            if blob.count(b"\n") != len(rows) - 1:
+            try:
+                blob = b"\n".join([r[0] for r in rows])
+            except TypeError:  # CONCAT gave NULL: a line longer than max_allowed_packet
+                raise FatalError(f"a row of shard {shard} {table} is larger than the "
+                                 "server's max_allowed_packet; raise it to export") from None
+            if blob.count(b"\n") != len(rows) - 1 or b"\r" in blob:
                 blob = b"\n".join([_one_line(r[0]) for r in rows])
             yield blob + b"\n", len(rows)
 

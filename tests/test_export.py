@@ -37,6 +37,7 @@ DOCS = [{"username": "zoë", "n": 1, "tags": ["a", "b"], "nested": {"x": None, "
         {"username": "名前", "quote": "say \"hi\"\n\tbye", "n": 2},
         {"username": "emoji 🎉", "n": 3, "empty": {}}]
 RAW_NEWLINE_DOC = '{"username": "pretty",\n  "n": 4}'  # valid JSON with a raw line break
+RAW_CR_DOC = '{"username": "old mac",\r  "n": 5}'  # a lone CR: a line end to many readers
 
 
 # -- services -------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def data(router):
                 f"INSERT INTO `db{s:05d}`.`{table}` (local_id, data, active) VALUES (%s,%s,%s)",
                 rows))
         _exec(router, s, f"INSERT INTO `db{s:05d}`.`users` (local_id, data) VALUES (%s, %s)",
-              (BASE + i * 100 + 99, RAW_NEWLINE_DOC))
+              (BASE + i * 100 + 99, RAW_CR_DOC if i % 2 else RAW_NEWLINE_DOC))
         boards = [ids.encode(s, "board", BASE + k) for k in range(3)]
         edges = [(b, ids.encode(shards[-1 - i], "pin", BASE + k), 1_700_000_000 + k)
                  for b in boards for k in range(7)]
@@ -193,6 +194,7 @@ def test_export_to_s3_is_read_back_exactly(env, workers, router, s3):
         assert heads["_SUCCESS"] >= heads["_manifest.json"]
     mine = [r for r in expected(router, "users") if BASE <= r[2] < BASE + 1000]
     assert len(mine) == 4 * 11 and {"username": "pretty", "n": 4} in [r[4] for r in mine]
+    assert {"username": "old mac", "n": 5} in [r[4] for r in mine]
     assert not client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
 
