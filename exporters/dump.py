@@ -8,8 +8,11 @@ re-encodes a document, it only joins a batch of lines and compresses it.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from typing import TypeVar
 
 import pymysql
 import pymysql.cursors
@@ -20,9 +23,51 @@ from sharding.pool import translate
 from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
 from sharding.shardmap import Host
 
+T = TypeVar("T")
 EXPORT_TABLES: tuple[str, ...] = (*OBJECT_TABLES, *MAPPING_TABLES)
 BATCH_ROWS = 2000
 NET_WRITE_TIMEOUT = 600  # a slow upload may hold the cursor; the server must not give up on us
+
+
+def prefetched(batches: Iterator[T], depth: int = 2) -> Iterator[T]:
+    """``batches`` read ahead on a thread, at most ``depth`` batches held.
+
+    Reading from MySQL and compressing each take about half of an export's time,
+    and both release the GIL (socket reads, zlib), so they overlap. An error in
+    the reader is raised here; closing this generator early stops the reader.
+    """
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.5)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(done)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer
+            put(exc)
+
+    reader = threading.Thread(target=read, name="export-reader", daemon=True)
+    reader.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        reader.join()
 
 
 def check_tables(tables: list[str]) -> list[str]:

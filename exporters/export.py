@@ -168,7 +168,7 @@ def dump_part(host: Host, shard: int, table: str, fmt: str, dest: Destination, k
         out = formats.Hashed(w)
         source = (dump.lines(conn, table, shard) if fmt == "jsonl"
                   else dump.columns(conn, table, shard))
-        rows = formats.write_part(fmt, out, kind, _checked(check, source))
+        rows = formats.write_part(fmt, out, kind, dump.prefetched(_checked(check, source)))
         check()
         w.commit()
     return Part(key.rsplit("/", 1)[-1], shard, rows, out.bytes, out.sha256)

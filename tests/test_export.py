@@ -414,3 +414,31 @@ def test_concurrent_finalizers_agree(tmp_path):
         t.join()
     assert json.loads(dest.read("pins/dt=x/_manifest.json")) == doc
     assert dest.exists("pins/dt=x/_SUCCESS")
+
+
+# -- read-ahead -----------------------------------------------------------------------------
+def test_prefetched_keeps_order_raises_reader_errors_and_stops_early():
+    from exporters.dump import prefetched
+    assert list(prefetched(iter(range(100)), depth=3)) == list(range(100))
+
+    def failing():
+        yield 1
+        raise ConnectionError("lost the server")
+    got = []
+    with pytest.raises(ConnectionError, match="lost the server"):
+        for x in prefetched(failing()):
+            got.append(x)
+    assert got == [1]
+    produced = []
+
+    def endless():
+        n = 0
+        while True:
+            produced.append(n)
+            yield n
+            n += 1
+    gen = prefetched(endless(), depth=2)
+    assert next(gen) == 0
+    gen.close()  # the reader stops (the join returns) and read at most depth + 2 ahead
+    assert len(produced) <= 5 and not [t for t in threading.enumerate()
+                                       if t.name == "export-reader"]
