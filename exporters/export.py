@@ -20,12 +20,13 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from exporters import dump, formats
 from exporters.destinations import Destination, open_destination
 from shardfarm.context import ChunkContext
-from shardfarm.errors import ConfigError
+from shardfarm.errors import ConfigError, RetryableError
 from shardfarm.ledger import ChunkSpec, Ledger, Outcome
 from shardfarm.retry import TRANSIENT
 from sharding.router import Router
@@ -120,6 +121,19 @@ class PartLog:
                   (_ref(self.dest, folder + part.path), _ref(self.dest, folder), self.dest,
                    folder + part.path, part.shard, part.rows, part.bytes, part.sha256, run_id))
 
+    @contextmanager
+    def lock(self, folder: str, wait: int = 60) -> Iterator[None]:
+        """Hold the control database's named lock of ``folder`` (``GET_LOCK``)."""
+        name = "farm-export-" + _ref(self.dest, folder)[:40]
+        with self.pool.connection() as conn, conn.cursor() as cur:
+            cur.execute("SELECT GET_LOCK(%s, %s)", (name, wait))
+            if cur.fetchone()[0] != 1:
+                raise RetryableError(f"export folder {folder} is being finalized elsewhere")
+            try:
+                yield
+            finally:
+                cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
+
     def get(self, folder: str, name: str) -> Part | None:
         """The recorded part ``name`` of ``folder``, if any."""
         rows = self._run("SELECT shard, row_count, bytes, sha256 FROM export_parts "
@@ -212,10 +226,11 @@ def finalize(ctx: ChunkContext, dest: Destination, parts: PartLog, table: str) -
     folder = folder_of(table, p["date"])
     expected = next((k["total"] for k in ctx.ledger.progress(ctx.run_id)
                      if k["kind"] == table), None)
-    have = parts.of_run(folder, ctx.run_id)
-    if expected is None or len(have) < expected:
+    if expected is None or len(parts.of_run(folder, ctx.run_id)) < expected:
         return False
-    write_final(dest, folder, manifest_doc(table, p["date"], p["format"], have))
+    with parts.lock(folder):  # one finalizer at a time: the second finds it all written
+        have = parts.of_run(folder, ctx.run_id)
+        write_final(dest, folder, manifest_doc(table, p["date"], p["format"], have))
     return True
 
 
