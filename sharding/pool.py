@@ -1,8 +1,13 @@
 """Connection pools: one per physical MySQL server (not per shard), in one place.
 
 Connections are utf8mb4, autocommit by default (transactions are explicit) and
-allowed ``LOAD DATA LOCAL INFILE``. PyMySQL errors are translated into the
-``FarmError`` tree here, naming host and shard but never bind values.
+allowed ``LOAD DATA LOCAL INFILE``. Each session has a short ``wait_timeout``
+(``IDLE_TIMEOUT``): a worker frozen or cut off in the middle of a transaction
+has it rolled back by the server within that time, so the row locks it held
+(its chunk's fence row, the rows it was writing) do not block the worker that
+took its chunk over. The pool never hands out a connection idle that long.
+PyMySQL errors are translated into the ``FarmError`` tree here, naming host and
+shard but never bind values.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -31,6 +37,7 @@ log = logging.getLogger(__name__)
 # 1927 connection killed, 1053 server shutdown, 4031 idle disconnect, 2014 out of sync.
 TRANSIENT_CODES = frozenset({2006, 2013, 1213, 1205, 1927, 1053, 4031, 2014, 2055, 1040})
 UNREACHABLE_CODES = frozenset({2002, 2003})
+IDLE_TIMEOUT = 30  # seconds; a session's idle limit on the server (see the module docstring)
 CONNECTION_LOST = frozenset({2006, 2013, 1927, 1053, 4031, 2014, 2055})
 
 
@@ -64,7 +71,7 @@ class Pool:
         self.database = database
         self.size = size
         self.connect_timeout = connect_timeout
-        self._idle: list[pymysql.Connection] = []
+        self._idle: list[tuple[pymysql.Connection, float]] = []  # (connection, idle since)
         self._lock = threading.Lock()
         self._sem = threading.BoundedSemaphore(size)
         self._pid = os.getpid()
@@ -77,6 +84,7 @@ class Pool:
                 charset="utf8mb4", autocommit=True,
                 local_infile=True, connect_timeout=self.connect_timeout,
                 client_flag=CLIENT.MULTI_STATEMENTS,
+                init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}",
             )
         except (pymysql.MySQLError, OSError) as exc:
             raise translate(exc, self.host.name, None) from None
@@ -94,8 +102,7 @@ class Pool:
         self._sem.acquire()
         conn = None
         try:
-            with self._lock:
-                conn = self._idle.pop() if self._idle else None
+            conn = self._take_idle()
             if conn is None:
                 conn = self._connect()
             try:
@@ -113,16 +120,30 @@ class Pool:
                 conn = None
                 raise
             with self._lock:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
             conn = None
         finally:
             self._sem.release()
+
+    def _take_idle(self) -> pymysql.Connection | None:
+        """The most recently used idle connection, unless the server may have closed it
+        (then it and every older one are dropped)."""
+        with self._lock:
+            if not self._idle:
+                return None
+            conn, since = self._idle.pop()
+            if time.monotonic() - since < IDLE_TIMEOUT - 5:
+                return conn
+            stale, self._idle = [conn, *(c for c, _ in self._idle)], []
+        for c in stale:
+            _close_quietly(c)
+        return None
 
     def close(self) -> None:
         """Close every idle connection."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             _close_quietly(conn)
 
 

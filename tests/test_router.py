@@ -103,3 +103,58 @@ def test_pool_recovers_when_every_idle_connection_was_killed(router, server_b):
             cur.execute("KILL %s", (pid,))
     admin.close()
     assert _connection_id(router, shard) > 0  # more dead idle connections than retries
+
+
+def test_frozen_transaction_is_rolled_back_so_the_heir_gets_its_locks(router, monkeypatch):
+    """A worker frozen (or cut off) inside a fenced transaction must not hold the chunk's
+    fence row for hours: the server ends its idle session, and the heir writes."""
+    import threading
+    import time
+
+    from shardfarm.errors import TransientDatabaseError
+    from sharding import fencing, pool
+    monkeypatch.setattr(pool, "IDLE_TIMEOUT", 3)
+    shard, host = SHARDS_A[0], router.host_for(SHARDS_A[0])
+    frozen, heir = pool.Pool(host, size=1), pool.Pool(host, size=1)
+    took: dict = {}
+
+    def heir_writes() -> None:
+        t0 = time.monotonic()
+        try:
+            with heir.connection(shard) as conn, conn.cursor() as cur:
+                cur.execute("BEGIN")
+                fencing.check(cur, shard, fencing.FenceToken("t-frozen", 0, 2))
+                cur.execute("COMMIT")
+            took["seconds"] = time.monotonic() - t0
+        except Exception as exc:  # noqa: BLE001 - reported below
+            took["error"] = exc
+    with pytest.raises(TransientDatabaseError), frozen.connection(shard) as zombie:
+        zcur = zombie.cursor()
+        zcur.execute("BEGIN")
+        fencing.check(zcur, shard, fencing.FenceToken("t-frozen", 0, 1))  # holds the row lock
+        worker = threading.Thread(target=heir_writes)
+        worker.start()
+        worker.join()
+        assert took.get("seconds", 99) < 20, took  # not innodb_lock_wait_timeout, nor hours
+        zcur.execute("SELECT 1")  # the zombie wakes up: its session (and transaction) is gone
+    router.run(shard, lambda cur: cur.execute(
+        f"DELETE FROM {shard_table(shard, 'chunk_fences')} WHERE run_id = 't-frozen'"))
+
+
+def test_pool_does_not_hand_out_a_connection_the_server_may_have_closed(router, monkeypatch):
+    import time
+
+    from sharding import pool
+    monkeypatch.setattr(pool, "IDLE_TIMEOUT", 6)
+    shard = SHARDS_A[1]
+    p = pool.Pool(router.host_for(shard), size=2)
+
+    def cid() -> int:
+        with p.connection(shard) as conn, conn.cursor() as cur:
+            cur.execute("SELECT CONNECTION_ID()")
+            return cur.fetchone()[0]
+    first = cid()
+    assert cid() == first  # reused while fresh
+    time.sleep(1.5)  # past IDLE_TIMEOUT - 5: the pool drops it rather than risk error 2006
+    assert cid() != first
+    p.close()
