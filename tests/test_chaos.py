@@ -52,7 +52,7 @@ def test_migration_survives_chaos(farm_env, settings, router, ledger, server_b, 
     rng = random.Random(5)
     done = {"sigkill": 0, "flush": 0, "mysql_kill": 0}
     try:
-        out = run_farm(env, "migrate", "--chunk-size", "120")
+        out = run_farm(env, "migrate", "--chunk-size", "60")
         run_id = last_json(out.stdout)["run_id"]
         deadline = time.monotonic() + 300
 
@@ -75,7 +75,7 @@ def test_migration_survives_chaos(farm_env, settings, router, ledger, server_b, 
             if rt.ledger.progress(run_id)[0]["done"] or not script:
                 action = script.pop(0) if script else rng.choice([sigkill, mysql_kill])
                 action()
-            time.sleep(0.7)
+            time.sleep(0.5)
         assert not script, "the run ended before every kind of chaos happened"
         assert done["sigkill"] >= 1 and done["flush"] == 1 and done["mysql_kill"] >= 1, done
         out = run_farm(env, "verify", timeout=600)
