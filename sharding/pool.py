@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import pymysql
-from pymysql.constants import CLIENT
+from pymysql.constants import CLIENT, SERVER_STATUS
 
 from shardfarm.errors import (
     FarmError,
@@ -108,20 +108,18 @@ class Pool:
             try:
                 yield conn
             except pymysql.MySQLError as exc:
-                err = translate(exc, self.host.name, shard)
-                if isinstance(err, TransientDatabaseError) or _lost(exc):
-                    _close_quietly(conn)
-                    conn = None
+                _close_quietly(conn)  # maybe mid-transaction or mid-result: never reused
                 if _lost(exc):  # the server went away or killed us: the idle ones died too
                     self.close()
-                raise err from None
+                raise translate(exc, self.host.name, shard) from None
             except BaseException:
                 _close_quietly(conn)  # unknown state (e.g. half-read result): do not reuse
-                conn = None
                 raise
+            if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
+                _close_quietly(conn)  # left a transaction open: the server rolls it back
+                return
             with self._lock:
                 self._idle.append((conn, time.monotonic()))
-            conn = None
         finally:
             self._sem.release()
 

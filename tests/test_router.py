@@ -158,3 +158,24 @@ def test_pool_does_not_hand_out_a_connection_the_server_may_have_closed(router, 
     time.sleep(1.5)  # past IDLE_TIMEOUT - 5: the pool drops it rather than risk error 2006
     assert cid() != first
     p.close()
+
+
+def test_pool_never_reuses_a_connection_left_in_a_transaction_or_after_an_error(router):
+    from shardfarm.errors import DatabaseError
+    from sharding import pool
+    shard = SHARDS_A[0]
+    p = pool.Pool(router.host_for(shard), size=1)
+
+    def session(*sql: str) -> tuple:
+        with p.connection(shard) as conn, conn.cursor() as cur:
+            for s in sql:
+                cur.execute(s)
+            return cur.fetchone()
+    first, = session("START TRANSACTION", "SELECT CONNECTION_ID()")  # left open
+    second, in_tx = session("SELECT CONNECTION_ID(), @@in_transaction")
+    assert second != first and in_tx == 0
+    assert session("SELECT CONNECTION_ID()")[0] == second  # a clean one is reused
+    with pytest.raises(DatabaseError):
+        session("START TRANSACTION", "SELECT * FROM no_such_table_here")
+    assert session("SELECT CONNECTION_ID()")[0] != second
+    p.close()
