@@ -90,7 +90,8 @@ def snapshot(host: Host, shard: int) -> Iterator[pymysql.Connection]:
     try:
         conn = pymysql.connect(host=host.host, port=host.port, user=host.user,
                                password=host.password, charset="utf8mb4", use_unicode=False,
-                               autocommit=True, connect_timeout=5)
+                               autocommit=True, connect_timeout=5,
+                               read_timeout=NET_WRITE_TIMEOUT)  # a stalled server: retry
     except (pymysql.MySQLError, OSError) as exc:
         raise translate(exc, host.name, shard) from None
     try:

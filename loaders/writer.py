@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from pathlib import Path
 
 from loaders.build import TargetRows
 from sharding import fencing
@@ -47,6 +50,19 @@ def _tsv(kind: str, rows: list[tuple]) -> str:
         return "".join(f"{local}\t{data.replace(chr(92), chr(92) * 2)}\t1\n"
                        for local, data in rows)
     return "".join(f"{a}\t{b}\t{c}\n" for a, b, c in sorted(rows))
+
+
+def sweep_temp(max_age: float = 3600) -> int:
+    """Delete ``farm-*.tsv`` files older than ``max_age`` seconds: left by a worker killed
+    during a ``LOAD DATA`` (no load lasts that long). Returns how many were deleted."""
+    root = Path(TMP or tempfile.gettempdir())
+    cutoff, n = time.time() - max_age, 0
+    for path in root.glob("farm-*.tsv"):
+        with suppress(OSError):
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+                n += 1
+    return n
 
 
 def _load(cur, q: str, kind: str, rows: list[tuple]) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import redis
 
 from jobs.runtime import Runtime
+from loaders.writer import sweep_temp
 from shardfarm import keys
 from shardfarm.settings import Settings
 from workers import maintenance
@@ -141,6 +142,8 @@ class Supervisor:
     def run(self) -> int:
         """Supervise until stopped (or, in burst mode, until every worker is done)."""
         self.install_signals()
+        if swept := sweep_temp():
+            log.warning("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
         if self.burst:
             for _ in range(self.desired):
