@@ -24,12 +24,7 @@ def status_lines(view: dict) -> list[str]:
                                               if run["throttled"] else "")
         lines.append(f"run {run['run_id']}  {run['kind']}  {run['status']}{flags}  "
                      f"queue {run['queue']}  since {run['created_at']}")
-        lines.append(f"  {'kind':<12}{'chunks':>13}{'running':>9}{'failed':>8}"
-                     f"{'rows':>12}{'rows/s':>10}{'quarant.':>10}{'ETA':>10}")
-        for k in run["kinds"]:
-            lines.append(f"  {k['kind']:<12}{k['done']:>7}/{k['total']:<5}{k['running']:>9}"
-                         f"{k['failed']:>8}{k['rows_written']:>12}{k['rows_per_s']:>10.0f}"
-                         f"{k['quarantined']:>10}{duration(k['eta_s']):>10}")
+        lines += _kind_lines(run["kinds"])
     if not view["runs"]:
         lines.append("no runs yet")
     workers = ", ".join(f"{h}: {w['workers']} alive, {w['busy']} busy"
@@ -41,6 +36,18 @@ def status_lines(view: dict) -> list[str]:
                        for n, q in sorted(view["queues"].items())) or "none"
     lines.append(f"queues: {queues}")
     return lines
+
+
+def _kind_lines(kinds: list[dict]) -> list[str]:
+    """The per-kind table of one run, its first column as wide as the longest kind."""
+    w = max([12, *(len(k["kind"]) + 2 for k in kinds)])
+    out = [f"  {'kind':<{w}}{'chunks':>13}{'running':>9}{'failed':>8}"
+           f"{'rows':>13}{'rows/s':>10}{'quarant.':>10}{'ETA':>10}"]
+    for k in kinds:
+        out.append(f"  {k['kind']:<{w}}{k['done']:>7}/{k['total']:<5}{k['running']:>9}"
+                   f"{k['failed']:>8}{k['rows_written']:>13,}{k['rows_per_s']:>10,.0f}"
+                   f"{k['quarantined']:>10,}{duration(k['eta_s']):>10}")
+    return out
 
 
 class RunProgress:
