@@ -88,21 +88,25 @@ class LegacyReader:
              params: Iterable) -> list[dict]:
         """Rows in key order, fetched ``AGG_ROWS`` at a time as one ``JSON_ARRAYAGG``.
 
-        DATETIMEs arrive as ``'YYYY-MM-DD HH:MM:SS'`` text (zero dates included) or
-        ``None``.
+        Pages follow the key (keyset pagination), so every page is one index range,
+        however large the chunk. ``cols`` must include the key columns. DATETIMEs
+        arrive as ``'YYYY-MM-DD HH:MM:SS'`` text (zero dates included) or ``None``.
         """
         params = tuple(params)
         out: list[dict] = []
-        offset = 0
+        after: tuple = ()
         while True:
-            plain = (f"SELECT JSON_ARRAY({_cols(cols)}) j FROM `{table.name}` WHERE {where} "
-                     f"ORDER BY {_cols(table.key)} LIMIT {AGG_ROWS} OFFSET {offset}")
+            cond, args = (where, params) if not after else (
+                f"({where}) AND {_after(table.key)}", params + _after_args(after))
+            plain = (f"SELECT JSON_ARRAY({_cols(cols)}) j FROM `{table.name}` WHERE {cond} "
+                     f"ORDER BY {_cols(table.key)} LIMIT {AGG_ROWS}")
             batch, n = self._aggregate(f"SELECT JSON_ARRAYAGG(j), COUNT(*) FROM ({plain}) x",
-                                       plain, params)
-            out += [dict(zip(cols, r, strict=True)) for r in batch]
+                                       plain, args)
+            page = [dict(zip(cols, r, strict=True)) for r in batch]
+            out += page
             if n < AGG_ROWS:
-                return out
-            offset += AGG_ROWS
+                return sorted(out, key=lambda r: tuple(r[k] for k in table.key))
+            after = max(tuple(r[k] for k in table.key) for r in page)
 
     def chunk(self, table: LegacyTable, lo: int, hi: int) -> list[dict]:
         """Every row of ``table`` whose first key column is in ``[lo, hi]``, in key order."""
@@ -139,6 +143,18 @@ class LegacyReader:
     def count(self, table: LegacyTable) -> int:
         """Rows in ``table``."""
         return int(self.query(f"SELECT COUNT(*) FROM `{table.name}`")[0][0])
+
+
+def _after(key: tuple[str, ...]) -> str:
+    """``key > (%s, ...)`` spelled so the optimizer sees an index range (one or two columns)."""
+    if len(key) == 1:
+        return f"`{key[0]}` > %s"
+    a, b = key
+    return f"(`{a}` > %s OR (`{a}` = %s AND `{b}` > %s))"
+
+
+def _after_args(last: tuple) -> tuple:
+    return last if len(last) == 1 else (last[0], last[0], last[1])
 
 
 def _cols(cols: Iterable[str]) -> str:
