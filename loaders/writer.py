@@ -142,8 +142,8 @@ def write_mod(router: Router, rows: TargetRows) -> None:
 def _send_mod(router: Router, host: Host, groups: list[tuple[int, str, list]]) -> None:
     with router.connection(host) as conn, conn.cursor() as cur:
         sqls = [s for b, t, items in groups for s in _mod_statements(conn, b, t, items)]
-        for batch in _pack(sqls):  # one transaction per round trip: one log flush, not one
-            cur.execute(";\n".join(["START TRANSACTION", *batch, "COMMIT"]))  # per bucket
+        for batch in _pack(sqls):
+            cur.execute(";\n".join(batch))
             while cur.nextset():
                 pass
 
