@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from loaders.build import Builder
 from loaders.legacy import LegacyReader
 from loaders.newids import NewIds
-from loaders.resolve import Resolver, Verdict, user_placement
+from loaders.resolve import Resolver, Verdict, Verdicts, user_placement
 from loaders.spec import ORDER, SPEC, legacy_key
 from loaders.writer import write_all
 from shardfarm.context import ChunkContext
@@ -64,6 +64,7 @@ def _open_shards(router: Router, ledger: Ledger) -> list[int]:
 class _ProcessState:
     reader: LegacyReader
     newids: NewIds
+    verdicts: Verdicts
 
 
 _states: dict[tuple, _ProcessState] = {}
@@ -74,16 +75,19 @@ def _state(ctx: ChunkContext) -> _ProcessState:
     if key not in _states:
         _states.clear()
         _states[key] = _ProcessState(LegacyReader(ctx.settings.legacy_dsn),
-                                     NewIds(ctx.router, ctx.params["floors"]))
+                                     NewIds(ctx.router, ctx.params["floors"]), Verdicts())
     return _states[key]
 
 
-def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int,
-                hi: int) -> tuple[Resolver, list[tuple[dict, Verdict]]]:
-    """Read one chunk and judge every row (shared by load and verify)."""
+def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int,
+                verdicts: Verdicts | None = None) -> tuple[Resolver, list[tuple[dict, Verdict]]]:
+    """Read one chunk and judge every row (shared by load and verify); ``verdicts`` are
+    those the process's earlier chunks of the same run reached."""
     spec = SPEC[table]
     rows = reader.chunk(spec, lo, hi)
-    resolver = Resolver(reader, user_placement(params["open_shards"]))
+    if verdicts is not None:
+        verdicts.trim()
+    resolver = Resolver(reader, user_placement(params["open_shards"]), verdicts)
     resolver.load(spec, rows)
     return resolver, [(r, resolver.judge(spec, r)) for r in rows]
 
@@ -92,7 +96,7 @@ def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     """Chunk handler: load legacy rows ``lo..hi`` of ``table`` into the shards."""
     st = _state(ctx)
     spec = SPEC[table]
-    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi)
+    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
     good = [(r, v) for r, v in judged if v.valid]
     bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
     ctx.check()

@@ -37,34 +37,80 @@ def user_placement(open_shards: list[int]) -> Callable[[int], int]:
     return place
 
 
+MAX_VERDICTS = 1_000_000
+_VALID: dict[int | None, Verdict] = {}
+
+
 def _bad(reason: str, detail: str | None = None) -> Verdict:
     return Verdict(False, reason, detail)
 
 
-class Resolver:
-    """Fetches referenced legacy rows on demand and judges rows, memoising per object."""
+def _valid(shard: int | None) -> Verdict:
+    """The verdict "migrates to ``shard``", one shared instance per shard (keeps caches small)."""
+    v = _VALID.get(shard)
+    if v is None:
+        v = _VALID[shard] = Verdict(True, shard=shard)
+    return v
 
-    def __init__(self, reader: LegacyReader, place_user: Callable[[int], int]) -> None:
+
+class Verdicts:
+    """Verdicts on legacy objects, and IDs found absent, kept across the chunks one process
+    runs for one run: a pins chunk need not fetch again the boards an earlier chunk judged.
+
+    A verdict is a pure function of the legacy data, which a migration reads as a fixed
+    source; ``farm verify`` re-reads it in runs of its own. Bounded: ``trim`` between
+    chunks forgets everything past ``limit`` entries.
+    """
+
+    def __init__(self, limit: int = MAX_VERDICTS) -> None:
+        self.limit = limit
+        self.by_table: dict[str, dict[int, Verdict]] = {
+            t: {} for t, s in SPEC.items() if s.is_object}
+        self.absent: dict[str, set[int]] = {t: set() for t in self.by_table}
+
+    def size(self) -> int:
+        """Entries held."""
+        return sum(map(len, self.by_table.values())) + sum(map(len, self.absent.values()))
+
+    def trim(self) -> None:
+        """Forget everything if more than ``limit`` entries are held."""
+        if self.size() > self.limit:
+            for d in (*self.by_table.values(), *self.absent.values()):
+                d.clear()
+
+
+class Resolver:
+    """Fetches referenced legacy rows on demand and judges one chunk's rows, memoising
+    verdicts per object in ``Verdicts`` (shared with the process's later chunks)."""
+
+    def __init__(self, reader: LegacyReader, place_user: Callable[[int], int],
+                 verdicts: Verdicts | None = None) -> None:
         self.reader = reader
         self.place_user = place_user
-        self.rows: dict[str, dict[int, dict]] = {t: {} for t, s in SPEC.items() if s.is_object}
-        self._absent: dict[str, set[int]] = {t: set() for t in self.rows}
-        self.verdicts: dict[str, dict[int, Verdict]] = {t: {} for t in self.rows}
+        memo = verdicts or Verdicts()
+        self.verdicts, self._absent = memo.by_table, memo.absent
+        self.rows: dict[str, dict[int, dict]] = {t: {} for t in self.verdicts}
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
-        """Take a chunk's own rows and fetch everything they reference."""
+        """Take a chunk's own rows, fetch everything they reference, and judge every object
+        fetched (a parent of a row rejected for its own fields is remembered too)."""
         if table.is_object:
             self.rows[table.name].update((r["id"], r) for r in rows)
         self._fetch_refs(table, rows)
+        for name, fetched in self.rows.items():
+            for row in fetched.values():
+                self.judge(SPEC[name], row)
 
     def _fetch_refs(self, table: LegacyTable, rows: list[dict]) -> None:
         for ref in table.refs:
             self.ensure(ref.table, {r[ref.field] for r in rows if r[ref.field] is not None})
 
     def ensure(self, table_name: str, ids: set[int]) -> None:
-        """Fetch rows of ``table_name`` not seen yet, and (recursively) what they reference."""
+        """Fetch rows of ``table_name`` neither seen nor judged yet, and (recursively) what
+        they reference."""
         known, absent = self.rows[table_name], self._absent[table_name]
-        todo = {i for i in ids if i not in known and i not in absent}
+        judged = self.verdicts[table_name]
+        todo = {i for i in ids if i not in judged and i not in known and i not in absent}
         if not todo:
             return
         table = SPEC[table_name]
@@ -72,10 +118,6 @@ class Resolver:
         known.update(fetched)
         absent.update(todo - fetched.keys())
         self._fetch_refs(table, list(fetched.values()))
-
-    def row(self, table_name: str, legacy_id: int) -> dict | None:
-        """A fetched legacy object row, or ``None`` if it does not exist."""
-        return self.rows[table_name].get(legacy_id)
 
     def judge(self, table: LegacyTable, row: dict) -> Verdict:
         """The verdict on one row (memoised for object rows)."""
@@ -85,6 +127,15 @@ class Resolver:
         v = memo.get(row["id"])
         if v is None:
             v = memo[row["id"]] = self._judge(table, row)
+        return v
+
+    def _parent(self, table_name: str, legacy_id: int) -> Verdict | None:
+        """The verdict on a referenced object, or ``None`` if it does not exist."""
+        v = self.verdicts[table_name].get(legacy_id)
+        if v is None:
+            row = self.rows[table_name].get(legacy_id)
+            if row is not None:
+                v = self.judge(SPEC[table_name], row)
         return v
 
     def _judge(self, table: LegacyTable, row: dict) -> Verdict:
@@ -98,16 +149,15 @@ class Resolver:
         shards: dict[str, int | None] = {}
         for ref in table.refs:
             rid = row[ref.field]
-            parent = None if rid is None else self.row(ref.table, rid)
-            if parent is None:
+            v = None if rid is None else self._parent(ref.table, rid)
+            if v is None:
                 return _bad(f"missing_{ref.role}", f"{ref.field}={rid}")
-            v = self.judge(SPEC[ref.table], parent)
             if not v.valid:
                 return _bad(f"{ref.role}_quarantined", f"{ref.field}={rid} ({v.reason})")
             shards[ref.field] = v.shard
         if table.placement == RANDOM:
-            return Verdict(True, shard=self.place_user(row["id"]))
-        return Verdict(True, shard=shards.get(table.placement) if table.placement else None)
+            return _valid(self.place_user(row["id"]))
+        return _valid(shards.get(table.placement) if table.placement else None)
 
     def shard_of(self, table_name: str, legacy_id: int) -> int:
         """The placement of a valid (already judged) object."""

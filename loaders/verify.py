@@ -172,7 +172,7 @@ def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     """Chunk handler: check legacy rows ``lo..hi`` of ``table`` against the target."""
     st = _state(ctx)
     spec = SPEC[table]
-    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi)
+    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
     builder = Builder(spec, resolver, st.newids, ctx.router.shardmap.buckets)
     good = [(r, v) for r, v in judged if v.valid]
     st.newids.prepare(builder.referenced(good), allocate=False)

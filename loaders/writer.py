@@ -4,8 +4,10 @@ Shard tables are written with ``LOAD DATA LOCAL INFILE … REPLACE`` in primary-
 order, after the chunk's fencing token is checked on that shard, in one
 transaction: running it twice leaves the same rows. Mod-bucket rows (a few per
 bucket, thousands of buckets) are idempotent upserts sent to each mod server as
-multi-statement round trips in autocommit; one transaction spanning thousands of
-bucket tables costs InnoDB ~5x more per statement.
+multi-statement round trips of ``MOD_TX_STATEMENTS`` statements, each round trip
+one transaction. Measured on MariaDB 10.11 with durable commits, per statement:
+autocommit ~260-500 us (a log flush each), 64 per transaction ~100 us, 4,096 per
+transaction ~250 us (InnoDB slows with thousands of tables in one transaction).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
+from functools import partial
 from pathlib import Path
 
 from loaders.build import TargetRows
@@ -23,11 +26,10 @@ from sharding import fencing
 from sharding.fencing import FenceToken
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
-from sharding.shardmap import Host
 
 BATCH = 1000
 WRITE_THREADS = 2
-MULTI_BYTES = 2_000_000
+MOD_TX_STATEMENTS = 64
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 COLUMNS = {"object": "(local_id, data, active)", "mapping": "(from_id, to_id, sequence)"}
 
@@ -129,35 +131,34 @@ def _mod_statements(conn, b: int, table: str, rows: list[tuple]) -> list[str]:
 
 
 def write_mod(router: Router, rows: TargetRows) -> None:
-    """Mod-shard lookups: multi-statement round trips per mod server, in autocommit."""
+    """Mod-shard lookups: per mod server, transactions of about ``MOD_TX_STATEMENTS``
+    upserts, each sent as one multi-statement round trip and retried on its own."""
     m = router.shardmap
     per_server: dict[tuple, list[tuple[int, str, list]]] = defaultdict(list)
     for (bucket, table), items in sorted(rows.lookups.items()):
         per_server[m.mod_master(bucket).server].append((bucket, table, items))
     for groups in per_server.values():
-        host = m.mod_master(groups[0][0])
-        router.policy.call(lambda host=host, groups=groups: _send_mod(router, host, groups))
+        for part in _by_statements(groups, MOD_TX_STATEMENTS):
+            router.run_mod(part[0][0], partial(_upsert_lookups, part))
 
 
-def _send_mod(router: Router, host: Host, groups: list[tuple[int, str, list]]) -> None:
-    with router.connection(host) as conn, conn.cursor() as cur:
-        sqls = [s for b, t, items in groups for s in _mod_statements(conn, b, t, items)]
-        for batch in _pack(sqls):
-            cur.execute(";\n".join(batch))
-            while cur.nextset():
-                pass
+def _by_statements(groups: list[tuple[int, str, list]], limit: int) -> list[list[tuple]]:
+    """Consecutive runs of ``groups`` of at most ``limit`` statements (one if a group is more)."""
+    out: list[list[tuple]] = [[]]
+    n = 0
+    for g in groups:
+        cost = -(-len(g[2]) // BATCH)
+        if out[-1] and n + cost > limit:
+            out.append([])
+            n = 0
+        out[-1].append(g)
+        n += cost
+    return out if out[0] else []
 
 
-def _pack(sqls: list[str]) -> list[list[str]]:
-    out: list[list[str]] = []
-    cur: list[str] = []
-    size = 0
-    for s in sqls:
-        if cur and size + len(s) > MULTI_BYTES:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(s)
-        size += len(s)
-    if cur:
-        out.append(cur)
-    return out
+def _upsert_lookups(groups: list[tuple[int, str, list]], cur) -> None:
+    """Inside one transaction: every group's upserts as one multi-statement round trip."""
+    sqls = [s for b, t, items in groups for s in _mod_statements(cur.connection, b, t, items)]
+    cur.execute(";\n".join(sqls))
+    while cur.nextset():
+        pass
