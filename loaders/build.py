@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from loaders.newids import NewIds
+from loaders.newids import NewIds, fits
 from loaders.resolve import Resolver, Verdict
 from loaders.spec import SELF, SPEC, LegacyTable
 from loaders.when import iso, unix
@@ -37,29 +37,39 @@ class Builder:
     def __init__(self, table: LegacyTable, resolver: Resolver, newids: NewIds,
                  buckets: int) -> None:
         self.table, self.resolver, self.newids, self.buckets = table, resolver, newids, buckets
-        self._refs = {r.field: (SPEC[r.table], resolver.verdicts[r.table]) for r in table.refs}
+        self._refs = [(r.field, SPEC[r.table], resolver.verdicts[r.table]) for r in table.refs]
         self._type_id = ids.TYPES[table.type_name] if table.is_object else None
+        refs = {r.field for r in table.refs}
+        # how each document field is filled: 0 as read, 1 an ISO time, 2 a new ID
+        self._doc = [(f, 2 if f in refs else 1 if f == "created_at" else 0)
+                     for f in table.fields]
 
     def referenced(self, judged: list[tuple[dict, Verdict]]) -> list[tuple]:
-        """``(table, legacy_id, shard)`` of every object these rows create or point at."""
+        """``(table, legacy_id, shard)`` of every object these rows create or point at whose
+        new ID is not a pure function of it (legacy IDs that do not fit in 36 bits)."""
         out = []
+        t = self.table
         for row, v in judged:
-            if self.table.is_object:
-                out.append((self.table, row["id"], v.shard))
-            for ref in self.table.refs:
-                rid = row[ref.field]
-                out.append((SPEC[ref.table], rid, self.resolver.shard_of(ref.table, rid)))
+            if t.is_object and not fits(row["id"]):
+                out.append((t, row["id"], v.shard))
+            for field_name, spec, verdicts in self._refs:
+                rid = row[field_name]
+                if not fits(rid):
+                    out.append((spec, rid, verdicts[rid].shard))
         return out
 
     def resolvable(self, row: dict, v: Verdict) -> bool:
         """Whether every new ID the row needs is known (always true after allocation)."""
         return all(self.newids.known(t, legacy) for t, legacy, _ in self.referenced([(row, v)]))
 
-    def ref_id(self, row: dict, field_name: str) -> int:
-        """New ID of the object referenced by ``field_name`` (hot path: plain dict lookups)."""
-        spec, verdicts = self._refs[field_name]
-        rid = row[field_name]
-        return self.newids.new_id(spec, rid, verdicts[rid].shard)
+    def new_ids(self, row: dict, v: Verdict) -> dict[str, int]:
+        """New IDs of the row itself (``SELF``) and of every object it references."""
+        new_id = self.newids.new_id
+        out = {f: new_id(spec, row[f], verdicts[row[f]].shard)
+               for f, spec, verdicts in self._refs}
+        if self.table.is_object:
+            out[SELF] = new_id(self.table, row["id"], v.shard)
+        return out
 
     def build(self, judged: list[tuple[dict, Verdict]], allocate: bool = True) -> TargetRows:
         """Target rows of the valid rows in ``judged`` (the migration's hot loop)."""
@@ -69,33 +79,26 @@ class Builder:
         mappings = [(m.table, m.from_, m.to) for m in t.mappings]
         lookups = [(lk.table, lk.field) for lk in t.lookups]
         for row, v in judged:
-            own = self._object(out, row, v) if t.is_object else None
+            new = self.new_ids(row, v)
+            if t.is_object:
+                self._object(out, row, v, new)
             if mappings:
                 seq = unix(row["created_at"])
                 for name, frm_field, to_field in mappings:
-                    frm = own if frm_field == SELF else self.ref_id(row, frm_field)
-                    to = own if to_field == SELF else self.ref_id(row, to_field)
-                    out.mappings[(frm >> ids.SHARD_SHIFT, name)].append((frm, to, seq))
+                    frm = new[frm_field]
+                    out.mappings[(frm >> ids.SHARD_SHIFT, name)].append((frm, new[to_field], seq))
             for name, field_name in lookups:
                 if row[field_name] is not None:
                     key = str(row[field_name]).lower()
-                    out.lookups[(bucket_of(key, self.buckets), name)].append((key, own))
+                    out.lookups[(bucket_of(key, self.buckets), name)].append((key, new[SELF]))
         return out
 
-    def _object(self, out: TargetRows, row: dict, v: Verdict) -> int:
+    def _object(self, out: TargetRows, row: dict, v: Verdict, new: dict[str, int]) -> None:
         t = self.table
-        legacy = row["id"]
-        new = self.newids.new_id(t, legacy, v.shard)
+        legacy, own = row["id"], new[SELF]
         doc: dict = {"legacy_id": legacy}
-        refs = self._refs
-        for f in t.fields:
-            value = row[f]
-            if f == "created_at":
-                value = iso(value)
-            elif f in refs:
-                value = self.ref_id(row, f)
-            doc[f] = value
-        out.objects[(v.shard, t.name)].append((new & ids.MAX_LOCAL, dumps(doc)))
+        for f, how in self._doc:
+            doc[f] = row[f] if how == 0 else iso(row[f]) if how == 1 else new[f]
+        out.objects[(v.shard, t.name)].append((own & ids.MAX_LOCAL, dumps(doc)))
         b = bucket_of(legacy_key(t.type_name, legacy), self.buckets)
-        out.lookups[(b, "legacy_id_map")].append((self._type_id, legacy, new))
-        return new
+        out.lookups[(b, "legacy_id_map")].append((self._type_id, legacy, own))

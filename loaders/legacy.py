@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 from collections.abc import Iterable, Iterator
+from operator import itemgetter
 
 import orjson
 import pymysql
@@ -95,6 +96,7 @@ class LegacyReader:
         arrive as ``'YYYY-MM-DD HH:MM:SS'`` text (zero dates included) or ``None``.
         """
         params = tuple(params)
+        key_of = itemgetter(*table.key)  # C-level sort key (a value, or a tuple for two columns)
         out: list[dict] = []
         after: tuple = ()
         while True:
@@ -107,8 +109,9 @@ class LegacyReader:
             page = [dict(zip(cols, r, strict=True)) for r in batch]
             out += page
             if n < AGG_ROWS:
-                return sorted(out, key=lambda r: tuple(r[k] for k in table.key))
-            after = max(tuple(r[k] for k in table.key) for r in page)
+                return sorted(out, key=key_of)
+            last = key_of(max(page, key=key_of))
+            after = last if len(table.key) > 1 else (last,)
 
     def chunk(self, table: LegacyTable, lo: int, hi: int) -> list[dict]:
         """Every row of ``table`` whose first key column is in ``[lo, hi]``, in key order."""

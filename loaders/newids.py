@@ -2,19 +2,26 @@
 
 A legacy ID below 2**36 becomes the local ID on the row's shard, so the new ID
 is a pure function of the legacy data. A larger legacy ID gets a local ID from
-the shard's AUTO_INCREMENT (raised above every small legacy ID first, so the two
-never collide) and ``legacy_id_map`` remembers it: whoever needs it first
-(the row's own chunk or a chunk that references it) allocates it, and a race is
-settled by the mod-shard primary key, the loser giving its placeholder back.
+the shard's AUTO_INCREMENT (raised above every small legacy ID where it is not
+yet, so the two never collide) and ``legacy_id_map`` remembers it: whoever needs
+it first (the row's own chunk or a chunk that references it) allocates it, and a
+race is settled by the mod-shard primary key, the loser giving its placeholder
+back. Allocation is batched: one statement per shard table, one round trip per
+run of mod buckets.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections import defaultdict
 from collections.abc import Iterable
+from functools import partial
+
+import orjson
 
 from loaders.legacy import SMALL_LIMIT
 from loaders.spec import LegacyTable
+from shardfarm.errors import FatalError
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
 from sharding.router import Router
@@ -37,7 +44,6 @@ class NewIds:
         self.router = router
         self.floors = floors
         self.cache: dict[tuple[int, int], int] = {}
-        self._floored: set[tuple[int, str]] = set()
 
     def known(self, table: LegacyTable, legacy: int) -> bool:
         """Whether ``new_id`` can answer for this legacy ID."""
@@ -68,70 +74,117 @@ class NewIds:
         if len(self.cache) > MAX_CACHE:
             self.cache.clear()
         self.cache.update(self._lookup(big.keys()))
-        if not allocate:
-            return
-        for key, (tbl, shard) in big.items():
-            if key not in self.cache:
-                self.cache[key] = self._allocate(tbl, shard, key[1])
+        todo = {k: v for k, v in big.items() if k not in self.cache}
+        if allocate and todo:
+            self.cache.update(self._allocate(todo))
 
     def _bucket(self, type_id: int, legacy: int) -> int:
         key = legacy_key(ids.TYPE_NAMES[type_id], legacy)
         return bucket_of(key, self.router.shardmap.buckets)
 
-    def _lookup(self, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    def _by_bucket(self, keys: Iterable[tuple[int, int]]) -> list[list[tuple[int, list]]]:
+        """Keys grouped by mod bucket, in runs of ``UNION_BUCKETS`` buckets on one server."""
         by_server: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(list))
         m = self.router.shardmap
         for t, legacy in keys:
             b = self._bucket(t, legacy)
             by_server[m.mod_master(b).server][b].append((t, legacy))
-        found: dict[tuple[int, int], int] = {}
+        runs = []
         for buckets in by_server.values():
             items = sorted(buckets.items())
-            for i in range(0, len(items), UNION_BUCKETS):
-                found.update(self._select(items[i:i + UNION_BUCKETS]))
+            runs += [items[i:i + UNION_BUCKETS] for i in range(0, len(items), UNION_BUCKETS)]
+        return runs
+
+    def _lookup(self, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+        found: dict[tuple[int, int], int] = {}
+        for run in self._by_bucket(keys):
+            found.update(self.router.run_mod(run[0][0], partial(_recorded, run)))
         return found
 
-    def _select(self, items: list[tuple[int, list]]) -> dict[tuple[int, int], int]:
-        parts, params = [], []
-        for b, pairs in items:
-            marks = ",".join(["(%s,%s)"] * len(pairs))
-            parts.append(f"SELECT type_id, legacy_id, new_id FROM {mod_table(b, 'legacy_id_map')}"
-                         f" WHERE (type_id, legacy_id) IN ({marks})")
-            params += [v for p in pairs for v in p]
+    def _allocate(self, todo: dict[tuple[int, int], tuple[LegacyTable, int]]
+                  ) -> dict[tuple[int, int], int]:
+        """New IDs for ``(type_id, legacy_id)`` keys nobody recorded yet.
 
-        def select(cur) -> list[tuple]:
-            cur.execute(" UNION ALL ".join(parts), params)
-            return cur.fetchall()
-        rows = self.router.run_mod(items[0][0], select)
-        return {(t, legacy): new for t, legacy, new in rows}
+        Placeholder rows are inserted per shard table in one statement each, then
+        claimed in ``legacy_id_map`` (``INSERT IGNORE``): where another chunk recorded an
+        ID first, its ID wins and our placeholder is deleted again.
+        """
+        groups: dict[tuple[int, str], list] = defaultdict(list)
+        for key, (tbl, shard) in sorted(todo.items()):
+            groups[(shard, tbl.name)].append((key, tbl))
+        mine: dict[tuple[int, int], int] = {}
+        for (shard, _), items in groups.items():
+            tbl = items[0][1]
+            for (key, _), local in zip(items, self._placeholders(shard, tbl, len(items)),
+                                       strict=True):
+                mine[key] = ids.encode(shard, key[0], local)
+        won: dict[tuple[int, int], int] = {}
+        for run in self._by_bucket(mine):
+            won.update(self.router.run_mod(run[0][0], partial(_claim, run, mine)))
+        lost: dict[tuple[int, str], list[int]] = defaultdict(list)
+        for key, new in mine.items():
+            if won[key] != new:
+                lost[(new >> ids.SHARD_SHIFT, todo[key][0].name)].append(new & ids.MAX_LOCAL)
+        for (shard, name), locals_ in lost.items():
+            self._give_back(shard, name, locals_)
+        return won
 
-    def _allocate(self, table: LegacyTable, shard: int, legacy: int) -> int:
-        t = ids.TYPES[table.type_name]
+    def _placeholders(self, shard: int, table: LegacyTable, n: int) -> list[int]:
+        """Local IDs of ``n`` new inactive rows, all above every small legacy ID.
+
+        The rows carry a marker of their own, so they are found again whatever
+        ``innodb_autoinc_lock_mode`` interleaved. Only a shard table whose counter is
+        still at or below the floor (the largest small legacy ID) has it raised first,
+        once for all processes.
+        """
         q = shard_table(shard, table.name)
-        self._raise_floor(shard, table)
-        local = self.router.run(shard, lambda cur: (cur.execute(
-            f"INSERT INTO {q} (data, active) VALUES ('{{}}', 0)"), cur.lastrowid)[1])
-        mine = ids.encode(shard, t, local)
-        b = self._bucket(t, legacy)
-        mq = mod_table(b, "legacy_id_map")
+        marker = orjson.dumps({"allocating": secrets.token_hex(8)}).decode()
 
-        def claim(cur) -> int:
-            cur.execute(f"INSERT IGNORE INTO {mq} (type_id, legacy_id, new_id) VALUES (%s,%s,%s)",
-                        (t, legacy, mine))
-            cur.execute(f"SELECT new_id FROM {mq} WHERE type_id = %s AND legacy_id = %s",
-                        (t, legacy))
-            return cur.fetchone()[0]
-        winner = self.router.run_mod(b, claim)
-        if winner != mine:  # another chunk allocated first: give the placeholder back
+        def insert(cur) -> list[int]:
+            cur.execute(f"INSERT INTO {q} (data, active) VALUES "
+                        + ",".join(["(%s, 0)"] * n), [marker] * n)
+            cur.execute(f"SELECT local_id FROM {q} WHERE local_id >= %s AND data = %s "
+                        "ORDER BY local_id", (cur.lastrowid, marker))
+            return [r[0] for r in cur.fetchall()]
+        floor = int(self.floors.get(table.name, 0))
+        for _ in range(2):
+            got = self.router.run(shard, insert)
+            if got[0] > floor:
+                return got
+            self._give_back(shard, table.name, got)
             self.router.run(shard, lambda cur: cur.execute(
-                f"DELETE FROM {q} WHERE local_id = %s AND active = 0", (local,)))
-        return winner
+                f"ALTER TABLE {q} AUTO_INCREMENT = {floor + 1}"))
+        raise FatalError(f"shard {shard}: AUTO_INCREMENT of {table.name} stays at or below "
+                         f"{floor} after raising it")
 
-    def _raise_floor(self, shard: int, table: LegacyTable) -> None:
-        """Make the shard's AUTO_INCREMENT start above every small legacy ID (once per process)."""
-        if (shard, table.name) in self._floored:
-            return
-        floor = int(self.floors.get(table.name, 0)) + 1
-        q = shard_table(shard, table.name)
-        self.router.run(shard, lambda cur: cur.execute(f"ALTER TABLE {q} AUTO_INCREMENT = {floor}"))
-        self._floored.add((shard, table.name))
+    def _give_back(self, shard: int, name: str, locals_: list[int]) -> None:
+        """Delete placeholder rows (never a migrated, active row)."""
+        q = shard_table(shard, name)
+        marks = ",".join(["%s"] * len(locals_))
+        self.router.run(shard, lambda cur: cur.execute(
+            f"DELETE FROM {q} WHERE local_id IN ({marks}) AND active = 0", locals_))
+
+
+def _recorded(run: list[tuple[int, list]], cur) -> dict[tuple[int, int], int]:
+    """``legacy_id_map`` entries of the keys in ``run`` (one ``UNION ALL`` read)."""
+    parts, params = [], []
+    for b, pairs in run:
+        marks = ",".join(["(%s,%s)"] * len(pairs))
+        parts.append(f"SELECT type_id, legacy_id, new_id FROM {mod_table(b, 'legacy_id_map')}"
+                     f" WHERE (type_id, legacy_id) IN ({marks})")
+        params += [v for p in pairs for v in p]
+    cur.execute(" UNION ALL ".join(parts), params)
+    return {(t, legacy): new for t, legacy, new in cur.fetchall()}
+
+
+def _claim(run: list[tuple[int, list]], mine: dict[tuple[int, int], int],
+           cur) -> dict[tuple[int, int], int]:
+    """Record ``mine`` where nothing is recorded yet; return what is recorded now."""
+    cur.execute(";".join(
+        f"INSERT IGNORE INTO {mod_table(b, 'legacy_id_map')} (type_id, legacy_id, new_id) "
+        "VALUES " + ",".join(f"({int(t)},{int(legacy)},{int(mine[(t, legacy)])})"
+                             for t, legacy in pairs)
+        for b, pairs in run))
+    while cur.nextset():
+        pass
+    return _recorded(run, cur)

@@ -140,11 +140,12 @@ def _owners(builder: Builder, judged: list) -> dict:
     out: dict = {}
     for row, v in judged:
         key = legacy_key(t, row)
+        new = builder.new_ids(row, v)
         if t.is_object:
-            out[builder.newids.new_id(t, row["id"], v.shard)] = key
+            out[new[SELF]] = key
         for m in t.mappings:
             if m.from_ != SELF and m.to != SELF:
-                out[(builder.ref_id(row, m.from_), builder.ref_id(row, m.to))] = key
+                out[(new[m.from_], new[m.to])] = key
     return out
 
 

@@ -50,3 +50,37 @@ def test_racing_allocations_agree_and_losers_give_back(router):
                                 f"SELECT COUNT(*) FROM {q} WHERE active = 0 AND local_id > %s",
                                 (FLOORS["pins"],), shard)[0][0]
     assert placeholders == 1  # only the winner's row remains
+
+
+def test_batched_allocations_race_agree_and_leave_one_row_each(router):
+    """Two processes allocate overlapping batches over two servers at once: one ID each."""
+    shards = [SHARDS_A[0] + 3, SHARDS_B[0] + 3]
+    wanted = [(SPEC["comments"], 2**45 + i, shards[i % 2]) for i in range(60)]
+    for shard in shards:  # the first server outlives a test session
+        q = shard_table(shard, "comments")
+        router.run(shard, lambda cur, q=q: cur.execute(f"DELETE FROM {q} WHERE active = 0"))
+    results, barrier = [], threading.Barrier(2)
+
+    def allocate(part):
+        n = NewIds(router, FLOORS)
+        barrier.wait()
+        n.prepare(part)
+        results.append({legacy: n.new_id(tbl, legacy, shard) for tbl, legacy, shard in part})
+    threads = [threading.Thread(target=allocate, args=(p,)) for p in (wanted[:45], wanted[15:])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    a, b = results
+    assert all(a[k] == b[k] for k in a.keys() & b.keys()) and len(a.keys() & b.keys()) == 30
+    every = {**a, **b}
+    assert len(set(every.values())) == 60
+    for legacy, new in every.items():
+        d = ids.decode(new)
+        assert d.shard == shards[(legacy - 2**45) % 2] and d.local > FLOORS["comments"]
+    for shard in shards:
+        q = shard_table(shard, "comments")
+        rows = router.query(router.host_for(shard), f"SELECT local_id FROM {q} WHERE active = 0 "
+                            "AND local_id > %s", (FLOORS["comments"],), shard)
+        assert sorted(r[0] for r in rows) == sorted(
+            ids.decode(n).local for n in every.values() if ids.decode(n).shard == shard)
