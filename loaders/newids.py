@@ -109,14 +109,12 @@ class NewIds:
         claimed in ``legacy_id_map`` (``INSERT IGNORE``): where another chunk recorded an
         ID first, its ID wins and our placeholder is deleted again.
         """
-        groups: dict[tuple[int, str], list] = defaultdict(list)
+        groups: dict[tuple[int, LegacyTable], list[tuple[int, int]]] = defaultdict(list)
         for key, (tbl, shard) in sorted(todo.items()):
-            groups[(shard, tbl.name)].append((key, tbl))
+            groups[(shard, tbl)].append(key)
         mine: dict[tuple[int, int], int] = {}
-        for (shard, _), items in groups.items():
-            tbl = items[0][1]
-            for (key, _), local in zip(items, self._placeholders(shard, tbl, len(items)),
-                                       strict=True):
+        for (shard, tbl), keys in groups.items():
+            for key, local in zip(keys, self._placeholders(shard, tbl, len(keys)), strict=True):
                 mine[key] = ids.encode(shard, key[0], local)
         won: dict[tuple[int, int], int] = {}
         for run in self._by_bucket(mine):
@@ -124,7 +122,8 @@ class NewIds:
         lost: dict[tuple[int, str], list[int]] = defaultdict(list)
         for key, new in mine.items():
             if won[key] != new:
-                lost[(new >> ids.SHARD_SHIFT, todo[key][0].name)].append(new & ids.MAX_LOCAL)
+                tbl, shard = todo[key]
+                lost[(shard, tbl.name)].append(new & ids.MAX_LOCAL)
         for (shard, name), locals_ in lost.items():
             self._give_back(shard, name, locals_)
         return won
