@@ -18,6 +18,7 @@ from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
 from shardfarm.db import connect
 from shardfarm.dsn import DSN
 from tests.conftest import ROOT
+from tests.migratekit import drop_database
 
 DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_gen_test")
 USERS, SEED = 1000, 1
@@ -63,10 +64,7 @@ def _generate(users: int, seed: int) -> dict:
 @pytest.fixture(scope="module", autouse=True)
 def _drop_at_end():
     yield
-    conn = connect(DSN_TEST, database=False)
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS `{DSN_TEST.database}`")
-    conn.close()
+    drop_database(DSN_TEST)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from loaders.generate import generate
 from loaders.spec import SPEC
 from shardfarm.db import connect
 from shardfarm.dsn import DSN
+from tests.migratekit import drop_database
 
 DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_read_test")
 
@@ -20,10 +21,7 @@ def reader():
     r = legacy.LegacyReader(DSN_TEST)
     yield r
     r.close()
-    conn = connect(DSN_TEST, database=False)
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS `{DSN_TEST.database}`")
-    conn.close()
+    drop_database(DSN_TEST)
 
 
 def _plain(table: str, lo: int, hi: int) -> list[tuple]:

@@ -8,8 +8,8 @@ from loaders import legacy
 from loaders.generate import generate
 from loaders.resolve import Resolver, Verdicts, user_placement
 from loaders.spec import SPEC
-from shardfarm.db import connect
 from shardfarm.dsn import DSN
+from tests.migratekit import drop_database
 
 DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_resolve_test")
 PLACE = user_placement(list(range(8)))
@@ -34,10 +34,7 @@ def reader():
     r = CountingReader(DSN_TEST)
     yield r
     r.close()
-    conn = connect(DSN_TEST, database=False)
-    with conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS `{DSN_TEST.database}`")
-    conn.close()
+    drop_database(DSN_TEST)
 
 
 def _judge(reader, table: str, verdicts: Verdicts | None) -> list[tuple]:
