@@ -14,7 +14,7 @@ from exporters.destinations import FileDestination, open_destination
 from exporters.dump import EXPORT_TABLES
 from jobs.runtime import Runtime
 from scripts.app import App
-from shardfarm.db import connect
+from shardfarm.db import drop_database
 from shardfarm.errors import FarmError
 from sharding import hotspot, ids
 from sharding.mappings import MappingStore
@@ -142,10 +142,7 @@ def clean_everything(app: App) -> dict:
     for b in range(m.buckets):
         dropped += _drop(app, m.mod_master(b), mod_db(b))
     for dsn in (app.settings.legacy_dsn, app.settings.control_dsn):
-        conn = connect(dsn, database=False)
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
-        conn.close()
+        drop_database(dsn)
     conn = redis.Redis.from_url(app.settings.redis_url)
     keys = 0
     for pattern in ("rq:*", "farm:*", "home:*"):

@@ -19,11 +19,21 @@ def connect(dsn: DSN, *, database: bool = True, **extra: object) -> pymysql.Conn
         raise translate(exc, f"{dsn.host}:{dsn.port}", None) from None
 
 
-def ensure_database(dsn: DSN) -> None:
-    """Create the DSN's database if it does not exist."""
+def _on_server(dsn: DSN, sql: str) -> None:
+    """Run one statement on the DSN's server, outside any database."""
     conn = connect(dsn, database=False)
     try:
         with conn.cursor() as cur:
-            cur.execute(f"CREATE DATABASE IF NOT EXISTS `{dsn.database}` CHARACTER SET utf8mb4")
+            cur.execute(sql)
     finally:
         conn.close()
+
+
+def ensure_database(dsn: DSN) -> None:
+    """Create the DSN's database if it does not exist."""
+    _on_server(dsn, f"CREATE DATABASE IF NOT EXISTS `{dsn.database}` CHARACTER SET utf8mb4")
+
+
+def drop_database(dsn: DSN) -> None:
+    """Drop the DSN's database if it exists (``farm demo --clean``, tests)."""
+    _on_server(dsn, f"DROP DATABASE IF EXISTS `{dsn.database}`")

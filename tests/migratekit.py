@@ -6,8 +6,6 @@ import json
 
 import pymysql
 
-from shardfarm.db import connect
-from shardfarm.dsn import DSN
 from sharding.schema import MAPPING_TABLES, MOD_TABLES, OBJECT_TABLES, mod_db, shard_db
 from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS
 
@@ -64,12 +62,3 @@ def last_json(stdout: str) -> dict:
     """The JSON summary a ``--wait`` command prints last."""
     return json.loads(stdout.strip().splitlines()[-1])
 
-
-def drop_database(dsn: DSN) -> None:
-    """Drop the database a test generated (a legacy test database)."""
-    conn = connect(dsn, database=False)
-    try:
-        with conn.cursor() as cur:
-            cur.execute(f"DROP DATABASE IF EXISTS `{dsn.database}`")
-    finally:
-        conn.close()

@@ -15,10 +15,9 @@ from click.testing import CliRunner
 
 from loaders.generate import build, classify, generate
 from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
-from shardfarm.db import connect
+from shardfarm.db import connect, drop_database
 from shardfarm.dsn import DSN
 from tests.conftest import ROOT
-from tests.migratekit import drop_database
 
 DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_gen_test")
 USERS, SEED = 1000, 1

@@ -8,9 +8,8 @@ import pytest
 from loaders import legacy
 from loaders.generate import generate
 from loaders.spec import SPEC
-from shardfarm.db import connect
+from shardfarm.db import connect, drop_database
 from shardfarm.dsn import DSN
-from tests.migratekit import drop_database
 
 DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_read_test")
 

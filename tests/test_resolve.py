@@ -8,8 +8,8 @@ from loaders import legacy
 from loaders.generate import generate
 from loaders.resolve import Resolver, Verdicts, user_placement
 from loaders.spec import SPEC
+from shardfarm.db import drop_database
 from shardfarm.dsn import DSN
-from tests.migratekit import drop_database
 
 DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_resolve_test")
 PLACE = user_placement(list(range(8)))
