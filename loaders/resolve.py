@@ -87,7 +87,7 @@ class Resolver:
                  verdicts: Verdicts | None = None) -> None:
         self.reader = reader
         self.place_user = place_user
-        memo = verdicts or Verdicts()
+        memo = verdicts if verdicts is not None else Verdicts()
         self.verdicts, self._absent = memo.by_table, memo.absent
         self.rows: dict[str, dict[int, dict]] = {t: {} for t in self.verdicts}
 
