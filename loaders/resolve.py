@@ -158,7 +158,3 @@ class Resolver:
         if table.placement == RANDOM:
             return _valid(self.place_user(row["id"]))
         return _valid(shards.get(table.placement) if table.placement else None)
-
-    def shard_of(self, table_name: str, legacy_id: int) -> int:
-        """The placement of a valid (already judged) object."""
-        return self.verdicts[table_name][legacy_id].shard
