@@ -13,7 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pymysql
 import pytest
+import redis
 
 from shardfarm.settings import Settings
 from sharding.provision import init_databases
@@ -22,9 +24,23 @@ from sharding.shardmap import ShardMapSource
 from tests.servers import PrivateMariaDB, mysql_alive, redis_alive
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARDS_A = (65024, 65031)
-SHARDS_B = (65032, 65039)
+# Several suites may run at once on one machine's shared servers (CI beside a developer,
+# parallel sessions): FARM_TEST_NS=N (0..6) gives each its own shard numbers, databases on
+# 3306 and Redis databases. Everything the suite makes there is dropped at the end.
+NS = int(os.environ.get("FARM_TEST_NS") or 0)
+if not 0 <= NS <= 6:
+    raise RuntimeError(f"FARM_TEST_NS={NS} out of range 0..6")
+_BASE = 65024 - 16 * NS
+SHARDS_A = (_BASE, _BASE + 7)
+SHARDS_B = (_BASE + 8, _BASE + 15)
 TEST_BUCKETS = 64
+REDIS_DB = 15 - 2 * NS  # the suite's Redis database; the demo test uses the one below it
+DEMO_REDIS_DB = REDIS_DB - 1
+
+
+def ns_db(base: str) -> str:
+    """The name of a test database on the shared server, in this suite's namespace."""
+    return f"{base}{NS}" if NS else base
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -36,6 +52,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         problems.append(f"Redis on 127.0.0.1:6379 does not answer: {why}")
     if problems:
         pytest.exit("required services missing:\n  " + "\n  ".join(problems), returncode=3)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def leave_nothing_behind():
+    """After the suite, drop what it made on the shared servers (shards A, control, legacy)
+    and empty its Redis databases; private servers are removed by their own fixtures."""
+    yield
+    names = [f"db{s:05d}" for s in range(SHARDS_A[0], SHARDS_A[1] + 1)]
+    names += [ns_db("farm_control_test"), ns_db("legacy_test")]
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            for name in names:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+    for db in (REDIS_DB, DEMO_REDIS_DB):
+        redis.Redis(host="127.0.0.1", port=6379, db=db).flushdb()
 
 
 @pytest.fixture(scope="session")
@@ -76,9 +110,9 @@ def farm_env(map_path) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
         "FARM_SHARDMAP": str(map_path),
-        "FARM_CONTROL_DSN": "mysql://root@127.0.0.1:3306/farm_control_test",
-        "FARM_LEGACY_DSN": "mysql://root@127.0.0.1:3306/legacy_test",
-        "FARM_REDIS_URL": "redis://127.0.0.1:6379/15",
+        "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{ns_db('farm_control_test')}",
+        "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:3306/{ns_db('legacy_test')}",
+        "FARM_REDIS_URL": f"redis://127.0.0.1:6379/{REDIS_DB}",
         "PYTHONPATH": str(ROOT),
     })
     return env

@@ -16,12 +16,13 @@ import json
 import pymysql
 import pytest
 
+from tests.conftest import ns_db
 from tests.contract_checker import check_migration
 from tests.servers import PrivateMariaDB
 
 S0, S1 = 65500, 65501
 BUCKETS = 4
-LEGACY_DB = "legacy_chk_test"
+LEGACY_DB = ns_db("legacy_chk_test")
 BIG = 2**36 + 5  # a legacy id too large to be a local id
 
 

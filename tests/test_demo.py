@@ -7,10 +7,10 @@ import pymysql
 import pytest
 import redis
 
-from tests.conftest import run_farm
+from tests.conftest import DEMO_REDIS_DB, run_farm
 from tests.servers import PrivateMariaDB
 
-REDIS_URL = "redis://127.0.0.1:6379/14"
+REDIS_URL = f"redis://127.0.0.1:6379/{DEMO_REDIS_DB}"
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,9 @@ from loaders.generate import build, classify, generate
 from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
 from shardfarm.db import connect, drop_database
 from shardfarm.dsn import DSN
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ns_db
 
-DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_gen_test")
+DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_gen_test')}")
 USERS, SEED = 1000, 1
 ORDER = {"follows": "user_id, board_id", "likes": "user_id, pin_id"}
 OK = "created_at IS NOT NULL AND CAST(created_at AS CHAR) <> '0000-00-00 00:00:00'"
@@ -34,11 +34,11 @@ KINDS = {
 _state: dict = {}
 
 
-def _query(sql: str) -> list[tuple]:
+def _query(sql: str, params: tuple = ()) -> list[tuple]:
     conn = connect(DSN_TEST)
     try:
         with conn.cursor() as cur:
-            cur.execute(sql)
+            cur.execute(sql, params)
             return list(cur.fetchall())
     finally:
         conn.close()
@@ -83,8 +83,8 @@ def test_schema_is_idempotent_and_drop_empties():
     create_legacy_schema(DSN_TEST, drop=True)
     assert _query("SELECT COUNT(*) FROM users") == [(0,)]
     keys = _query("SELECT table_name, GROUP_CONCAT(column_name ORDER BY seq_in_index) "
-                  "FROM information_schema.statistics WHERE table_schema = 'legacy_gen_test' "
-                  "AND index_name = 'PRIMARY' GROUP BY table_name")
+                  "FROM information_schema.statistics WHERE table_schema = %s "
+                  "AND index_name = 'PRIMARY' GROUP BY table_name", (DSN_TEST.database,))
     assert dict(keys) == {"users": "id", "boards": "id", "pins": "id", "comments": "id",
                           "follows": "user_id,board_id", "likes": "user_id,pin_id"}
 

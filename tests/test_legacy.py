@@ -10,8 +10,9 @@ from loaders.generate import generate
 from loaders.spec import SPEC
 from shardfarm.db import connect, drop_database
 from shardfarm.dsn import DSN
+from tests.conftest import ns_db
 
-DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_read_test")
+DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_read_test')}")
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from loaders.resolve import Resolver, Verdicts, user_placement
 from loaders.spec import SPEC
 from shardfarm.db import drop_database
 from shardfarm.dsn import DSN
+from tests.conftest import ns_db
 
-DSN_TEST = DSN.parse("mysql://root@127.0.0.1:3306/legacy_resolve_test")
+DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_resolve_test')}")
 PLACE = user_placement(list(range(8)))
 
 
