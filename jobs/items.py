@@ -1,21 +1,27 @@
 """The rq job that runs a batch of items: ``function(**kwargs)`` for each, with a resume point.
 
-Per item: transient errors are retried in place (tenacity policy); an item
-still failing transiently is deferred with backoff as its own job; a
-``FatalError`` fails the item at once with its reason. The rest of the batch
-still runs. Progress is checkpointed in batches so a re-run after a crash
-skips finished items (at-least-once, never per-row bookkeeping).
+The function is checked against the workers' policy before it is imported; a
+refused or unimportable function fails every item with the reason (``farm
+failed``), where ``farm retry-failed`` finds them. Per item: transient errors
+are retried in place (tenacity policy); an item still failing transiently is
+deferred with backoff as its own job; a ``FatalError`` fails the item at once
+with its reason. The rest of the batch still runs. Progress is checkpointed in
+batches (``jobs.accounting.advance``) so a re-run after a crash skips finished
+items (at-least-once, never per-row bookkeeping). A job timeout is rq's to
+handle: the job is retried from its last checkpoint, and settled into ``farm
+failed`` when rq gives up.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import time
 from collections.abc import Callable
 
+import redis
 from rq import get_current_job
+from rq.timeouts import JobTimeoutException
 
+from jobs import accounting, runtime
 from shardfarm import keys
 from shardfarm.errors import FatalError, RetryableError
 from shardfarm.retry import TRANSIENT
@@ -25,58 +31,57 @@ CHECKPOINT_EVERY = 50
 CHECKPOINT_SECONDS = 1.0
 
 
-def resolve(function: str) -> Callable:
-    """Import ``module.function``."""
-    module, _, name = function.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def run_items(function: str, items: list[list]) -> dict:
     """Run every item not yet done; returns counts of done, deferred and failed items."""
     job = get_current_job()
     conn, queue = job.connection, job.origin
-    fn = resolve(function)
-    progress_key = keys.item_progress(job.id)
-    start = int(conn.get(progress_key) or 0)
+    start = accounting.progress(conn, job.id)
     counts = {"done": 0, "deferred": 0, "failed": 0, "skipped": start}
+    try:
+        fn = runtime.get().policy.load_item(function)
+    except FatalError as exc:  # refused or not importable: every item stops here, recorded
+        for item in items[start:]:
+            _fail(conn, queue, function, item, 1, exc, job.id)
+        counts["failed"] = len(items) - start
+        accounting.advance(conn, queue, job.id, len(items), [i[0] for i in items[start:]])
+        return counts
+    window: list[str] = []
     last = time.monotonic()
     for idx in range(start, len(items)):
-        counts[_run_one(fn, function, items[idx], conn, queue)] += 1
+        counts[_run_one(fn, function, items[idx], conn, queue, job.id)] += 1
+        window.append(items[idx][0])
         if (idx + 1) % CHECKPOINT_EVERY == 0 or time.monotonic() - last > CHECKPOINT_SECONDS:
-            conn.set(progress_key, idx + 1, ex=86400)
-            last = time.monotonic()
-    with conn.pipeline() as pipe:
-        pipe.delete(progress_key)
-        pipe.decrby(keys.items_queued(queue), len(items) - start)
-        pipe.execute()
+            accounting.advance(conn, queue, job.id, idx + 1, window)
+            window, last = [], time.monotonic()
+    accounting.advance(conn, queue, job.id, len(items), window)
     return counts
 
 
-def _run_one(fn: Callable, function: str, item: list, conn, queue: str) -> str:
-    item_id, kwargs, attempts = item[0], item[1], (item[2] if len(item) > 2 else 0) + 1
+def _run_one(fn: Callable, function: str, item: list, conn: redis.Redis, queue: str,
+             job_id: str) -> str:
+    kwargs, attempts = item[1], (item[2] if len(item) > 2 else 0) + 1
     try:
         try:
             fn(**kwargs)
         except RetryableError:  # transient: retry in place with backoff before deferring
             TRANSIENT.call(lambda: fn(**kwargs))
         return "done"
+    except JobTimeoutException:
+        raise  # the job's time is up: rq retries it from the last checkpoint
     except FatalError as exc:
-        return _fail(conn, queue, function, item_id, kwargs, attempts, exc)
+        return _fail(conn, queue, function, item, attempts, exc, job_id)
     except Exception as exc:  # noqa: BLE001 - unknown errors get a bounded retry
         if attempts >= MAX_ITEM_ATTEMPTS:
-            return _fail(conn, queue, function, item_id, kwargs, attempts, exc)
-        _defer(conn, queue, function, [item_id, kwargs, attempts], attempts)
+            return _fail(conn, queue, function, item, attempts, exc, job_id)
+        from jobs.queue import enqueue_later
+        enqueue_later(conn, queue, function, [[item[0], kwargs, attempts]],
+                      delay=min(600, 5 * 2 ** (attempts - 1)), move_from=job_id)
         return "deferred"
 
 
-def _fail(conn, queue: str, function: str, item_id: str, kwargs: dict, attempts: int,
-          exc: BaseException) -> str:
-    record = {"function": function, "kwargs": kwargs, "attempts": attempts,
-              "error": f"{type(exc).__name__}: {exc}"[:1000], "at": time.time()}
-    conn.hset(keys.failed_items(queue), item_id, json.dumps(record))
+def _fail(conn: redis.Redis, queue: str, function: str, item: list, attempts: int,
+          exc: BaseException, job_id: str) -> str:
+    reason = f"{type(exc).__name__}: {exc}"
+    conn.hset(keys.failed_items(queue), item[0],
+              accounting.failure(function, item[1], reason, attempts=attempts, job_id=job_id))
     return "failed"
-
-
-def _defer(conn, queue: str, function: str, item: list, attempts: int) -> None:
-    from jobs.queue import enqueue_later
-    enqueue_later(conn, queue, function, [item], delay=min(600, 5 * 2 ** (attempts - 1)))

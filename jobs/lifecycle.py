@@ -17,7 +17,6 @@ import uuid
 
 from jobs import throttle
 from jobs.dispatch import dispatch_later
-from jobs.items import resolve
 from jobs.runtime import Runtime
 from shardfarm.context import ChunkContext
 from shardfarm.errors import FatalError, FencedError
@@ -80,8 +79,8 @@ def execute(rt: Runtime, run_id: str, chunk_id: int) -> str:
 
 def _run(rt: Runtime, run: dict, ctx: ChunkContext) -> str:
     lease = ctx.lease
-    handler = resolve(run["params"]["handler"])
     try:
+        handler = rt.policy.load_handler(run["params"]["handler"])
         with Renewer(rt.ledger, lease, ctx.lost):
             outcome = handler(ctx, **lease.args) or ctx.outcome
             ctx.check()

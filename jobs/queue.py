@@ -2,17 +2,18 @@
 
 Why: an rq job costs ~530 bytes of Redis and ~3 commands to enqueue; a script
 that pushes millions of small items cannot pay that per item. Items are streamed
-from any iterable, given a deterministic ID, checked against a per-queue dedup
-set by one Lua call per batch, and packed ``batch`` at a time into one rq job
-(rq's JSON serializer, no stored result) that ``jobs.items.run_items`` unpacks.
+from any iterable, given a deterministic ID and packed ``batch`` at a time into
+one rq job (rq's JSON serializer, no stored result) that ``jobs.items.run_items``
+unpacks. Each job is committed by one Lua script together with its items'
+dedup entries and the queued-items counter (``jobs.accounting``): an item is
+a duplicate only while an earlier copy is queued or running.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,26 +22,20 @@ import redis
 from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
-from shardfarm import keys
+from jobs import accounting
+from jobs.farmjob import FarmJob
+from jobs.policy import ENTRY_POINT, JobPolicy
 from shardfarm.errors import FatalError
 
-DEDUP_TTL = 7 * 24 * 3600
 JOB_RETRIES = Retry(max=3, interval=[5, 30, 120])
 FAILURE_TTL = 7 * 24 * 3600
 JOB_TIMEOUT = 3600
-
-# KEYS[1] = dedup set; ARGV = item IDs. Returns 1 for each new ID, 0 for a duplicate.
-_DEDUP_LUA = """
-local out = {}
-for i, id in ipairs(ARGV) do out[i] = redis.call('SADD', KEYS[1], id) end
-redis.call('EXPIRE', KEYS[1], {ttl})
-return out
-""".replace("{ttl}", str(DEDUP_TTL))
+JOBS_PER_ROUND_TRIP = 50
 
 
 @dataclass
 class EnqueueResult:
-    """How many items were enqueued and how many were already there."""
+    """How many items were enqueued and how many were already in flight."""
 
     enqueued: int = 0
     duplicates: int = 0
@@ -50,17 +45,10 @@ class EnqueueResult:
         return {"enqueued": self.enqueued, "duplicates": self.duplicates}
 
 
-def check_function(dotted: str) -> str:
-    """Refuse a function name that cannot be imported (fail at enqueue, not on every worker)."""
-    module, _, name = dotted.rpartition(".")
-    try:
-        fn = getattr(importlib.import_module(module), name) if module else None
-    except ImportError as exc:
-        raise FatalError(f"cannot import {dotted!r}: {exc}") from None
-    except AttributeError:
-        fn = None
-    if not callable(fn):
-        raise FatalError(f"{dotted!r} is not an importable function (expected module.function)")
+def check_function(dotted: str, policy: JobPolicy | None = None) -> str:
+    """Refuse, in one line, a function the workers would not run (the name is checked before
+    anything is imported), or one that cannot be imported."""
+    (policy or JobPolicy.from_env()).load_item(dotted)
     return dotted
 
 
@@ -75,8 +63,8 @@ def item_id(function: str, kwargs: dict, key: str | None = None) -> str:
 
 
 def rq_queue(conn: redis.Redis, name: str) -> Queue:
-    """An rq ``Queue`` that always uses the JSON serializer."""
-    return Queue(name, connection=conn, serializer=JSONSerializer)
+    """An rq ``Queue`` with the JSON serializer and the farm's guarded job class."""
+    return Queue(name, connection=conn, serializer=JSONSerializer, job_class=FarmJob)
 
 
 def envelope(function: str, items: list[list], description: str | None = None) -> dict:
@@ -87,18 +75,41 @@ def envelope(function: str, items: list[list], description: str | None = None) -
             "retry": JOB_RETRIES}
 
 
+def _recorded(conn: redis.Redis, make: Callable[[redis.client.Pipeline], object]) -> list[tuple]:
+    """The commands rq issues for one job, recorded from a pipeline that is never sent."""
+    rec = conn.pipeline(transaction=False)
+    make(rec)
+    commands = [args for args, _ in rec.command_stack]
+    rec.reset()
+    return commands
+
+
+def _job_writes(q: Queue, function: str, items: list[list]) -> tuple[str, list[tuple]]:
+    data = Queue.prepare_data(ENTRY_POINT, **envelope(function, items))
+    jobs: list = []
+    commands = _recorded(q.connection, lambda rec: jobs.extend(q.enqueue_many([data],
+                                                                              pipeline=rec)))
+    return jobs[0].id, commands
+
+
 def enqueue_later(conn: redis.Redis, queue: str, function: str, items: list[list],
-                  delay: float) -> None:
-    """Schedule one rq job carrying ``items`` ``delay`` seconds from now."""
-    env = envelope(function, items)
-    conn.incrby(keys.items_queued(queue), len(items))
-    rq_queue(conn, queue).enqueue_in(
-        timedelta(seconds=max(1.0, delay)), "jobs.items.run_items", **env["kwargs"],
-        job_timeout=env["timeout"], result_ttl=env["result_ttl"], failure_ttl=env["failure_ttl"],
-        retry=env["retry"], description=env["description"])
+                  delay: float, *, move_from: str | None = None) -> str:
+    """Schedule one rq job carrying ``items`` ``delay`` seconds from now; returns its ID.
+
+    ``move_from``: the job the items come from (a deferral), whose dedup entries move along.
+    """
+    q, env = rq_queue(conn, queue), envelope(function, items)
+    jobs: list = []
+    commands = _recorded(conn, lambda rec: jobs.append(q.enqueue_in(
+        timedelta(seconds=max(1.0, delay)), ENTRY_POINT, **env["kwargs"], pipeline=rec,
+        job_timeout=env["timeout"], result_ttl=env["result_ttl"],
+        failure_ttl=env["failure_ttl"], retry=env["retry"], description=env["description"])))
+    ids = [i[0] for i in items] if move_from else []
+    accounting.commit(conn, queue, jobs[0].id, commands, ids, len(items), move_from=move_from)
+    return jobs[0].id
 
 
-def _batches(it: Iterable[dict], size: int) -> Iterator[list[dict]]:
+def _batches(it: Iterable, size: int) -> Iterator[list]:
     it = iter(it)
     while batch := list(itertools.islice(it, size)):
         yield batch
@@ -107,30 +118,58 @@ def _batches(it: Iterable[dict], size: int) -> Iterator[list[dict]]:
 def enqueue_many(queue: str, function: str, kwargs_iterable: Iterable[dict], *,
                  connection: redis.Redis, batch: int = 100, dedup: bool = True,
                  id_key: str | None = None, write_batch: int = 5000,
-                 progress: Callable[[int], None] | None = None) -> EnqueueResult:
+                 progress: Callable[[int], None] | None = None,
+                 policy: JobPolicy | None = None) -> EnqueueResult:
     """Enqueue one call of ``function(**kwargs)`` per item, streaming, in pipelined batches.
 
-    Items are packed ``batch`` per rq job; with ``dedup`` an item whose ID was
-    enqueued before on this queue is counted as a duplicate instead.
+    Items are packed ``batch`` per rq job; with ``dedup`` an item whose ID is queued or
+    running on this queue is counted as a duplicate instead.
     """
-    check_function(function)
+    check_function(function, policy)
     if not 1 <= batch <= 10_000:
         raise FatalError(f"batch {batch} out of range 1..10000")
-    q = rq_queue(connection, queue)
-    dedup_script = connection.register_script(_DEDUP_LUA)
     result = EnqueueResult()
     for group in _batches(kwargs_iterable, write_batch):
         items = [[item_id(function, kw, id_key), kw] for kw in _check_items(group)]
-        if dedup:
-            flags = dedup_script(keys=[keys.dedup(queue)], args=[i[0] for i in items])
-            fresh = [it for it, new in zip(items, flags, strict=True) if new]
-        else:
-            fresh = items
-        result.duplicates += len(items) - len(fresh)
-        _push(q, connection, queue, function, fresh, batch)
-        result.enqueued += len(fresh)
+        _add(result, enqueue_items(connection, queue, function, items, batch=batch, dedup=dedup))
         if progress:
             progress(len(group))
+    return result
+
+
+def _add(total: EnqueueResult, part: EnqueueResult) -> None:
+    total.enqueued += part.enqueued
+    total.duplicates += part.duplicates
+
+
+def enqueue_items(conn: redis.Redis, queue: str, function: str, items: Sequence[list], *,
+                  batch: int = 100, dedup: bool = True) -> EnqueueResult:
+    """Commit ``[item_id, kwargs]`` items, ``batch`` per rq job (the function is not checked
+    here: callers check it once)."""
+    result = EnqueueResult()
+    if dedup:
+        seen: set[str] = set()
+        unique = [i for i in items if not (i[0] in seen or seen.add(i[0]))]
+        result.duplicates, items = len(items) - len(unique), unique
+    q = rq_queue(conn, queue)
+    pending = [list(items[i:i + batch]) for i in range(0, len(items), batch)]
+    while pending:
+        round_, pending = pending[:JOBS_PER_ROUND_TRIP], pending[JOBS_PER_ROUND_TRIP:]
+        with conn.pipeline(transaction=False) as pipe:
+            for chunk in round_:
+                job_id, commands = _job_writes(q, function, chunk)
+                accounting.commit(conn, queue, job_id, commands,
+                                  [i[0] for i in chunk] if dedup else [], len(chunk), pipe=pipe)
+            replies = pipe.execute()
+        for chunk, dups in zip(round_, replies, strict=True):
+            if not dups:
+                result.enqueued += len(chunk)
+                continue
+            gone = {d.decode() if isinstance(d, bytes) else d for d in dups}
+            result.duplicates += len(gone)
+            rest = [i for i in chunk if i[0] not in gone]
+            if rest:  # commit the others in a job of their own
+                pending.append(rest)
     return result
 
 
@@ -140,15 +179,3 @@ def _check_items(group: list) -> list[dict]:
             raise FatalError("each item must be a JSON object of keyword arguments, "
                              f"got {kw!r:.80}")
     return group
-
-
-def _push(q: Queue, conn: redis.Redis, queue: str, function: str, items: list[list],
-          batch: int) -> None:
-    if not items:
-        return
-    datas = [Queue.prepare_data("jobs.items.run_items", **envelope(function, items[i:i + batch]))
-             for i in range(0, len(items), batch)]
-    with conn.pipeline() as pipe:
-        q.enqueue_many(datas, pipeline=pipe)
-        pipe.incrby(keys.items_queued(queue), len(items))
-        pipe.execute()

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from jobs.dispatch import dispatch
+from jobs.policy import ForbiddenJobError
 from jobs.runtime import Runtime
 from shardfarm.ledger import ChunkSpec
 
@@ -15,6 +16,9 @@ DEFAULT_QUEUE = "farm"
 def start(rt: Runtime, kind: str, handler: str, chunks: Iterable[ChunkSpec],
           params: dict | None = None, queue: str = DEFAULT_QUEUE) -> str:
     """Record a run with all its chunks, then enqueue one job per chunk; returns the run ID."""
+    refusal = rt.policy.handler_refusal(handler)
+    if refusal:
+        raise ForbiddenJobError(refusal)
     params = {**(params or {}), "handler": handler}
     run_id = rt.ledger.create_run(kind, queue, params, chunks)
     dispatch(rt.redis, queue, run_id, range(rt.ledger.run(run_id)["total_chunks"]))

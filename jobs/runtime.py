@@ -9,6 +9,7 @@ from functools import cached_property
 
 import redis
 
+from jobs.policy import JobPolicy
 from shardfarm.ledger import Ledger
 from shardfarm.settings import Settings
 from sharding.router import Router
@@ -30,6 +31,11 @@ class Runtime:
     def ledger(self) -> Ledger:
         """The chunk ledger in the control database."""
         return Ledger(self.settings.control_dsn)
+
+    @cached_property
+    def policy(self) -> JobPolicy:
+        """Which code this process's jobs may run (``FARM_JOB_MODULES``)."""
+        return JobPolicy.from_env()
 
     @cached_property
     def redis(self) -> redis.Redis:

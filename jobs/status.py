@@ -7,7 +7,10 @@ and counters, never scans of job keys.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
+import uuid
 from collections import defaultdict
 
 from rq import Queue, Worker
@@ -16,6 +19,19 @@ from rq.serializers import JSONSerializer
 
 from jobs.runtime import Runtime
 from shardfarm import keys
+
+
+def worker_name(host: str | None = None) -> str:
+    """``host:pid:token``: which machine a worker runs on is in its name, not only in rq's
+    hash of it (``host_of``)."""
+    return f"{host or socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def host_of(worker: Worker) -> str:
+    """The host a worker runs on: rq's record of it, else the farm's worker name."""
+    parts = worker.name.split(":")
+    named = parts[0] if len(parts) == 3 and parts[1].isdigit() else None
+    return worker.hostname or named or worker.ip_address or "unknown host"
 
 
 def kind_view(k: dict) -> dict:
@@ -47,7 +63,7 @@ def workers_view(rt: Runtime) -> dict:
     """Workers alive per host (rq's worker registry) and supervisors' desired counts."""
     per_host: dict[str, dict] = defaultdict(lambda: {"workers": 0, "busy": 0, "desired": None})
     for w in Worker.all(connection=rt.redis, serializer=JSONSerializer):
-        h = per_host[w.hostname or "?"]
+        h = per_host[host_of(w)]
         h["workers"] += 1
         h["busy"] += w.get_state() == "busy"
     now = time.time()
@@ -80,28 +96,19 @@ def farm_view(rt: Runtime, run_id: str | None = None, limit: int = 5) -> dict:
             "queues": queues_view(rt)}
 
 
+def queue_names(rt: Runtime) -> list[str]:
+    """Every queue Redis knows of (rq's registry of queues)."""
+    return sorted(q.name for q in Queue.all(connection=rt.redis, serializer=JSONSerializer))
+
+
 def failed_items(rt: Runtime) -> list[dict]:
-    """Failed items of ``farm enqueue`` jobs, in the shape ``farm failed`` prints."""
+    """Items (and foreign jobs) that stopped trying, in the shape ``farm failed`` prints."""
     out = []
     for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
-        for item_id, raw in rt.redis.hgetall(keys.failed_items(q.name)).items():
+        for item_id, raw in sorted(rt.redis.hgetall(keys.failed_items(q.name)).items()):
             doc = json.loads(raw)
-            out.append({"where": f"queue {q.name} item {item_id.decode()}",
+            what = "job" if item_id.startswith(b"job:") else "item"
+            out.append({"where": f"queue {q.name} {what} {item_id.decode().removeprefix('job:')}",
                         "kind": doc["function"], "attempts": doc["attempts"],
                         "last_error": doc["error"], "args": doc["kwargs"]})
     return out
-
-
-def retry_failed_items(rt: Runtime) -> int:
-    """Re-enqueue every failed item on its queue; returns how many."""
-    from jobs.queue import enqueue_many
-    n = 0
-    for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
-        key = keys.failed_items(q.name)
-        for item_id, raw in rt.redis.hgetall(key).items():
-            doc = json.loads(raw)
-            enqueue_many(q.name, doc["function"], [doc["kwargs"]], connection=rt.redis,
-                         dedup=False)
-            rt.redis.hdel(key, item_id)
-            n += 1
-    return n

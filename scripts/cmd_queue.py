@@ -12,8 +12,10 @@ import redis
 from tqdm import tqdm
 
 from jobs import enqueue_many
+from jobs.policy import JobPolicy
+from jobs.queue import check_function
 from scripts.app import App
-from scripts.options import emit, farm_options
+from scripts.options import ALLOW_MODULE, emit, farm_options
 from shardfarm.errors import FatalError
 
 
@@ -36,23 +38,28 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[dict]:
 @click.option("--batch", default=100, show_default=True,
               help="Items per rq job (use 1 when each item is seconds of work).")
 @click.option("--dedup/--no-dedup", default=True, show_default=True,
-              help="Skip items whose job ID was enqueued before on this queue.")
+              help="Skip items whose job ID is queued or running on this queue.")
 @click.option("--id-key", default=None, metavar="ARG",
               help="Use this argument's value as the job ID (default: hash of the arguments).")
+@ALLOW_MODULE
 @farm_options
 def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
-            id_key: str | None) -> None:
+            id_key: str | None, allow_modules: tuple[str, ...]) -> None:
     """Enqueue FUNCTION(**kwargs) on QUEUE for every line of --file.
 
-    Streams the file (it is never read whole), writes in pipelined batches, and
-    prints {"enqueued": n, "duplicates": m}.
+    FUNCTION must be in a module allowed by FARM_JOB_MODULES (or --allow-module),
+    as it must be for the workers. Streams the file (it is never read whole),
+    writes in pipelined batches, and prints {"enqueued": n, "duplicates": m};
+    an item already queued or running on QUEUE is a duplicate.
     """
+    policy = JobPolicy.from_env(flags=allow_modules)
+    check_function(function, policy)
     conn = redis.Redis.from_url(app.settings.redis_url)
     name = getattr(file_, "name", "input")
     with tqdm(unit=" jobs", desc=f"enqueue {queue}", disable=not sys.stderr.isatty(),
               mininterval=0.5) as bar:
         res = enqueue_many(queue, function, _lines(file_, name), connection=conn, batch=batch,
-                           dedup=dedup, id_key=id_key, progress=bar.update)
+                           dedup=dedup, id_key=id_key, progress=bar.update, policy=policy)
     emit(res.as_dict())
 
 

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from jobs import runs, status
+from jobs import runs, settle, status
 from scripts.app import App
 from scripts.options import emit, farm_options
 from scripts.render import RunProgress, echo_lines, status_lines
@@ -111,8 +111,14 @@ def retry_failed(app: App, run_id: str | None) -> None:
     for rid in run_ids:
         if rt.ledger.reset_failed(rid):
             chunks += runs.resume(rt, rid)
-    items = 0 if run_id else status.retry_failed_items(rt)
-    emit({"chunks": chunks, "items": items})
+    items, kept = 0, []
+    if not run_id:
+        for queue in status.queue_names(rt):
+            n, why = settle.retry_failed(rt.redis, queue, rt.policy)
+            items, kept = items + n, kept + why
+    for line in kept:
+        click.echo(f"farm: not retried: {line}", err=True)
+    emit({"chunks": chunks, "items": items, "not_retried": len(kept)})
 
 
 def register(cli: click.Group) -> None:

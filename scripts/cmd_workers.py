@@ -7,36 +7,50 @@ import socket
 import click
 import redis
 
+from jobs.policy import JobPolicy
 from scripts.app import App
-from scripts.options import emit, farm_options
+from scripts.options import ALLOW_MODULE, emit, farm_options
 from shardfarm import keys
 from workers.supervisor import Supervisor
 
 
 @click.command("workers")
-@click.option("--count", default=2, show_default=True, help="Worker processes on this machine.")
+@click.option("--count", default=2, show_default=True, type=click.IntRange(0, 1000),
+              help="Worker processes on this machine.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--queues", default="farm", show_default=True, help="Comma-separated queues.")
+@ALLOW_MODULE
 @farm_options
-def workers(app: App, count: int, burst: bool, queues: str) -> None:
+def workers(app: App, count: int, burst: bool, queues: str,
+            allow_modules: tuple[str, ...]) -> None:
     """Run COUNT worker processes here, supervised.
 
+    Workers run only the farm's own jobs and functions of the allowed module
+    prefixes; any other job is failed unread and listed by 'farm failed'.
     SIGTERM: finish the jobs in hand and exit (twice: stop at once).
     SIGUSR1 / SIGUSR2: one worker more / fewer. 'farm scale N' from any machine
-    sets the count every supervisor converges to.
+    sets the count every supervisor converges to (and overrides --count).
     """
-    sup = Supervisor(app.settings, count, [q for q in queues.split(",") if q], burst=burst)
+    policy = JobPolicy.from_env(flags=allow_modules)
+    sup = Supervisor(app.settings, count, [q for q in queues.split(",") if q], burst=burst,
+                     policy=policy)
     raise SystemExit(sup.run())
 
 
 @click.command("scale")
-@click.argument("count", type=click.IntRange(0, 1000))
+@click.argument("count", type=click.IntRange(0, 1000), required=False)
 @click.option("--host", default=None, help="Only the supervisor on this host (default: all).")
+@click.option("--clear", is_flag=True, help="Remove the target: supervisors keep their count.")
 @farm_options
-def scale(app: App, count: int, host: str | None) -> None:
+def scale(app: App, count: int | None, host: str | None, clear: bool) -> None:
     """Set the desired worker count per supervisor; they converge within seconds."""
+    if (count is None) == (not clear):
+        raise click.UsageError("give either COUNT or --clear")
     conn = redis.Redis.from_url(app.settings.redis_url)
-    conn.set(keys.desired_workers(host), count)
+    if clear:
+        conn.delete(keys.desired_workers(host))
+    else:
+        conn.set(keys.desired_workers(host), count)
     emit({"desired": count, "host": host or "*", "from": socket.gethostname()})
 
 

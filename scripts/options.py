@@ -21,6 +21,12 @@ SHARED = [
 ]
 
 
+ALLOW_MODULE = click.option(
+    "--allow-module", "allow_modules", multiple=True, metavar="PREFIX[,PREFIX]",
+    help="Module prefixes whose functions workers may run, besides the farm's own; "
+         "replaces FARM_JOB_MODULES when given. [env: FARM_JOB_MODULES]")
+
+
 def farm_options(fn: Callable) -> Callable:
     """Add the shared connection options and pass a ready ``App`` as the first argument."""
     @functools.wraps(fn)

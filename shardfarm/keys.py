@@ -9,9 +9,13 @@ from __future__ import annotations
 PREFIX = "farm"
 
 
-def dedup(queue: str) -> str:
-    """Set of deterministic job IDs already enqueued on ``queue``."""
-    return f"{PREFIX}:dedup:{queue}"
+def inflight(queue: str) -> str:
+    """Hash of items queued or running on ``queue``: item ID -> the rq job that carries it.
+
+    The dedup index: an item is a duplicate only while its entry names a job that exists;
+    entries are removed when the item finishes or fails for good, so it holds only what is
+    in flight."""
+    return f"{PREFIX}:inflight:{queue}"
 
 
 def items_queued(queue: str) -> str:

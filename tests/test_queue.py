@@ -56,6 +56,8 @@ def test_fatal_item_fails_alone_with_reason(conn):
 
 def test_unimportable_function_refused(conn):
     with pytest.raises(FatalError, match="cannot import"):
+        enqueue_many("t", "tests.kinds.nosuch.fn", [{}], connection=conn)
+    with pytest.raises(FatalError, match="not allowed"):
         enqueue_many("t", "no.such.module.fn", [{}], connection=conn)
     with pytest.raises(FatalError, match="JSON object"):
         enqueue_many("t", "tests.kinds.record", [[1, 2]], connection=conn)

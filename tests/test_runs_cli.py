@@ -101,7 +101,7 @@ def test_failed_and_retry_failed(rt, env):
     assert "FatalError: boom on purpose" in out.stdout and "1 attempts" in out.stdout
     assert rt.ledger.refresh_status(run_id) == "failed"
     out = run_farm(env, "retry-failed", "--run", run_id)
-    assert json.loads(out.stdout) == {"chunks": 1, "items": 0}
+    assert json.loads(out.stdout) == {"chunks": 1, "items": 0, "not_retried": 0}
     assert rt.ledger.chunk(run_id, 0)["state"] == "pending"
     out = run_farm(env, "resume", "nope-run")
     assert out.returncode == 1 and "no run 'nope-run'" in out.stderr

@@ -1,41 +1,49 @@
-"""Farm-wide housekeeping, run by one supervisor at a time every few seconds.
+"""Farm-wide housekeeping, run by the supervisors every few seconds, one at a time per queue.
+
+Only the farm's own queues (those the supervisor's workers serve) are touched,
+always through ``FarmJob``, so another application's jobs in the same Redis
+are never moved, and no callback a job names is ever imported.
 
 - rq's own registry cleanup: jobs of dead workers (their heartbeat stopped) are
   retried (every farm job carries an rq ``Retry``) or moved to failed.
 - rq's scheduler step: delayed retries and throttled chunks whose time came
   are moved back onto their queues.
+- settling: jobs that failed for good are recorded in ``farm failed``.
 - the ledger: chunks whose lease expired are dispatched again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Callable
 
 import redis
 from rq import Queue
-from rq.registry import ScheduledJobRegistry, clean_registries
-from rq.serializers import JSONSerializer
+from rq.registry import clean_registries
 
+from jobs import settle
 from jobs.dispatch import dispatch
+from jobs.queue import rq_queue
 from jobs.runtime import Runtime
 from shardfarm import keys
+from shardfarm.errors import FarmError
 
 log = logging.getLogger(__name__)
 LOCK_SECONDS = 4
-
-
-def _queues(conn: redis.Redis) -> list[Queue]:
-    return Queue.all(connection=conn, serializer=JSONSerializer)
+REPEAT_SECONDS = 60.0
+NOT_SET_UP = frozenset({1049, 1146})  # unknown database, unknown table
+_said: dict[str, tuple[str, float]] = {}
 
 
 def promote_scheduled(conn: redis.Redis, queue: Queue) -> int:
     """Move due jobs of ``queue``'s scheduled registry back onto the queue; returns how many."""
-    registry = ScheduledJobRegistry(queue=queue, serializer=JSONSerializer)
+    registry = queue.scheduled_job_registry
     ids = registry.get_jobs_to_schedule()
     if not ids:
         return 0
-    jobs = queue.job_class.fetch_many(ids, connection=conn, serializer=JSONSerializer)
+    jobs = queue.job_class.fetch_many(ids, connection=conn, serializer=queue.serializer)
     with conn.pipeline() as pipe:
         for job_id, job in zip(ids, jobs, strict=True):
             if job is not None:
@@ -57,24 +65,48 @@ def redispatch_expired(rt: Runtime) -> int:
     return n
 
 
-def run_once(rt: Runtime, owner: str) -> bool:
-    """One round of housekeeping if this process wins the lock; returns whether it ran."""
-    conn = rt.redis
-    if not conn.set(keys.leader("maintenance"), owner, nx=True, ex=LOCK_SECONDS):
-        return False
-    for step in (_clean, _promote, redispatch_expired):
-        try:
-            step(rt)
-        except Exception:
-            log.exception("maintenance step %s failed", step.__name__)
-    return True
+def _queue_steps(rt: Runtime, name: str) -> list[Callable[[], object]]:
+    q = rq_queue(rt.redis, name)
+    return [lambda: clean_registries(q), lambda: promote_scheduled(rt.redis, q),
+            lambda: settle.sweep(rt.redis, name)]
 
 
-def _clean(rt: Runtime) -> None:
-    for q in _queues(rt.redis):
-        clean_registries(q)
+def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:
+    """One round of housekeeping for each of ``queues`` (and the ledger) whose lock this
+    process wins; returns whether it did any."""
+    did = False
+    for scope, steps in [*((f"queue:{q}", _queue_steps(rt, q)) for q in queues),
+                         ("ledger", [lambda: redispatch_expired(rt)])]:
+        if not rt.redis.set(keys.leader(f"maintenance:{scope}"), owner, nx=True,
+                            ex=LOCK_SECONDS):
+            continue
+        did = True
+        for i, step in enumerate(steps):
+            _guarded(f"{scope}#{i}", step)
+    return did
 
 
-def _promote(rt: Runtime) -> None:
-    for q in _queues(rt.redis):
-        promote_scheduled(rt.redis, q)
+def _guarded(scope: str, step: Callable[[], object]) -> None:
+    """Run a step; an operator-fixable error is one log line (repeated once a minute while it
+    lasts), anything else a traceback."""
+    try:
+        step()
+    except FarmError as exc:
+        hint = " (run 'farm shards init')" if getattr(exc, "code", None) in NOT_SET_UP else ""
+        say(scope, f"housekeeping waits{hint}: {exc}")
+    except redis.RedisError as exc:
+        say(scope, f"housekeeping waits: Redis: {exc}")
+    except Exception:
+        log.exception("housekeeping step of %s failed", scope)
+    else:
+        _said.pop(scope, None)
+
+
+def say(topic: str, message: str) -> None:
+    """Log ``message`` as one warning, unless the same was said about ``topic`` within a
+    minute."""
+    last = _said.get(topic)
+    if last and last[0] == message and time.monotonic() - last[1] < REPEAT_SECONDS:
+        return
+    _said[topic] = (message, time.monotonic())
+    log.warning("%s", message)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import redis
 
+from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
 from loaders.writer import sweep_temp
 from shardfarm import keys
@@ -51,6 +52,7 @@ class Supervisor:
     desired: int
     queues: list[str]
     burst: bool = False
+    policy: JobPolicy = field(default_factory=JobPolicy.from_env)
     host: str = field(default_factory=socket.gethostname)
     children: list[subprocess.Popen] = field(default_factory=list)
     stopping: int = 0
@@ -63,7 +65,10 @@ class Supervisor:
         self.conn = self.rt.redis
         self.me = f"{self.host}:{os.getpid()}"
         self._seen_remote = read_desired(self.conn, self.host)
-        if self._seen_remote is not None and not self.burst:
+        if self._seen_remote is not None and not self.burst and self._seen_remote != self.desired:
+            log.warning("--count %d is overridden by the 'farm scale' target of %d workers "
+                        "for %s ('farm scale --clear' removes it)", self.desired,
+                        self._seen_remote, self.host)
             self.desired = self._seen_remote
 
     # -- signals ------------------------------------------------------------------------
@@ -109,6 +114,7 @@ class Supervisor:
         env = dict(os.environ)
         s = self.settings
         env.update({"FARM_REDIS_URL": s.redis_url, "FARM_EXPORT_URL": s.export_url,
+                    "FARM_JOB_MODULES": self.policy.env_value(),
                     "FARM_CONTROL_DSN": s.control_dsn.url(),
                     "FARM_LEGACY_DSN": s.legacy_dsn.url(),
                     "FARM_SHARDMAP": str(s.shardmap_path or "")})
@@ -159,7 +165,7 @@ class Supervisor:
                     self.converge()
                 self.report()
                 if time.monotonic() - last_maint > MAINTENANCE_EVERY:
-                    maintenance.run_once(self.rt, self.me)
+                    maintenance.run_once(self.rt, self.me, self.queues)
                     last_maint = time.monotonic()
                 time.sleep(TICK)
         finally:

@@ -13,12 +13,14 @@ import time
 
 import redis
 from rq import SimpleWorker
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
-from jobs import runtime
+from jobs import runtime, settle
+from jobs.farmjob import FarmJob, job_refusal
 from jobs.queue import rq_queue
+from jobs.status import worker_name
 from shardfarm import log as farm_log
 from shardfarm.settings import Settings
 
@@ -40,7 +42,8 @@ class FarmWorker(SimpleWorker):
     def __init__(self, queues: list[Queue], connection: redis.Redis, **kwargs) -> None:
         kwargs.setdefault("worker_ttl", WORKER_TTL)
         kwargs.setdefault("job_monitoring_interval", HEARTBEAT_SECONDS)
-        super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
+        super().__init__(queues, connection=connection, serializer=JSONSerializer,
+                         job_class=FarmJob, **kwargs)
         self._last_suspension_check = 0.0
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -48,7 +51,15 @@ class FarmWorker(SimpleWorker):
         return HEARTBEAT_SECONDS + HEARTBEAT_GRACE
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        """Run the job in this process with a heartbeat thread beside it."""
+        """Run the job in this process with a heartbeat thread beside it.
+
+        A job the policy refuses is failed without a retry (``FarmJob.func`` raises before
+        anything is imported); a job that failed for good is settled into ``farm failed``.
+        """
+        refusal = job_refusal(job, runtime.get().policy)
+        if refusal:
+            log.error("refusing job %s of queue %s: %s", job.id, queue.name, refusal)
+            job.retries_left = 0
         execution = self.prepare_execution(job)
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, execution, stop), daemon=True)
@@ -58,6 +69,8 @@ class FarmWorker(SimpleWorker):
         finally:
             stop.set()
             beat.join()
+        if job.get_status(refresh=False) == JobStatus.FAILED:
+            settle.settle_job(self.connection, queue.name, job.id)
         self.set_state("idle")
 
     def _beat(self, job: Job, execution, stop: threading.Event) -> None:
@@ -88,7 +101,8 @@ def build(settings: Settings, queues: list[str], name: str | None = None) -> Far
     rt = runtime.Runtime(settings)
     runtime.install(rt)
     conn = redis.Redis.from_url(settings.redis_url)
-    return FarmWorker([rq_queue(conn, q) for q in queues], connection=conn, name=name)
+    return FarmWorker([rq_queue(conn, q) for q in queues], connection=conn,
+                      name=name or worker_name())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,80 @@
+"""rq's ``Job`` with every name it reads from Redis behind the farm's policy.
+
+rq imports code by name in four places: the job's function and its success,
+failure and stopped callbacks (the last also from registry cleanup, for jobs
+of dead workers), and it sends HTTP webhooks named in the job. ``FarmJob``,
+used by every farm queue, worker and registry, closes all of them: the
+function is the farm's own envelope or nothing, callbacks are never imported
+and webhooks never sent. A job that names any of them is refused before
+anything is imported (``job_refusal``) and settled into ``farm failed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rq.exceptions import DeserializationError
+from rq.job import Job
+
+from jobs.policy import ENTRY_POINT, ForbiddenJobError, JobPolicy
+
+MAX_REASON = 300
+
+
+def job_refusal(job: Job, policy: JobPolicy) -> str | None:
+    """Why ``job`` may not run (``None``: it is a well-formed farm batch of allowed code)."""
+    try:
+        name, instance, args, kwargs = job.func_name, job.instance, job.args, job.kwargs
+    except DeserializationError:
+        return "payload is not JSON (a pickle?): refused unread"
+    if name != ENTRY_POINT:
+        return (f"rq function {str(name)[:120]!r} is not the farm's entry point "
+                f"{ENTRY_POINT}: enqueue functions with 'farm enqueue' or jobs.enqueue_many")
+    if instance is not None or args:
+        return "a farm job takes keyword arguments only, and no instance"
+    names = (job._success_callback_name, job._failure_callback_name, job._stopped_callback_name)
+    if any(names) or job.webhooks or job._dependency_ids:
+        return "names a callback, webhook or dependency (farm jobs have none)"
+    if not isinstance(kwargs, dict) or set(kwargs) != {"function", "items"} \
+            or not isinstance(kwargs["items"], list) or not all(map(_item_ok, kwargs["items"])):
+        return "malformed farm batch (expected function and items [id, kwargs, attempts?])"
+    return policy.item_refusal(kwargs["function"])
+
+
+def _item_ok(item: object) -> bool:
+    return (isinstance(item, list) and len(item) in (2, 3) and isinstance(item[0], str)
+            and isinstance(item[1], dict)
+            and (len(item) == 2 or (isinstance(item[2], int) and not isinstance(item[2], bool))))
+
+
+class FarmJob(Job):
+    """A Job that runs only the farm's entry point, and never imports callbacks."""
+
+    @property
+    def func(self) -> Callable:
+        """The farm's envelope, if this job passes the policy; else ``ForbiddenJobError``."""
+        from jobs import items, runtime
+        refusal = job_refusal(self, runtime.get().policy)
+        if refusal:
+            raise ForbiddenJobError(refusal[:MAX_REASON])
+        return items.run_items
+
+    @property
+    def success_callback(self) -> None:
+        """Never imported: a job naming a callback is refused."""
+        return None
+
+    @property
+    def failure_callback(self) -> None:
+        """Never imported (rq's registry cleanup reads it for jobs of dead workers)."""
+        return None
+
+    @property
+    def stopped_callback(self) -> None:
+        """Never imported."""
+        return None
+
+    def send_webhooks(self, status: Any, *, exc_string: str | None = None) -> None:
+        """Never sent: a job naming a webhook is refused."""
+        return None

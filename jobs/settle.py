@@ -1,0 +1,106 @@
+"""rq jobs that failed for good, settled into ``farm failed``: nothing stops silently.
+
+An rq job ends in its queue's failed registry when rq gives up on it: a job
+timeout or a crash after the last retry, a worker that died on the last
+attempt, a payload that is not JSON, a job the workers refused. ``settle``
+takes each such job out of rq's registry exactly once and records what it
+carried: every unfinished item of a farm batch (with its arguments, so
+``farm retry-failed`` can run it again), or the foreign job itself. The worker
+settles the job it just failed; the supervisors' housekeeping sweeps the rest
+(jobs of workers that died).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from contextlib import suppress
+
+import redis
+from rq.exceptions import DeserializationError, NoSuchJobError
+from rq.job import Job
+
+from jobs import accounting
+from jobs.farmjob import FarmJob
+from jobs.policy import CHUNK_FUNCTION, ENTRY_POINT, JobPolicy
+from jobs.queue import enqueue_items, rq_queue
+from shardfarm import keys
+
+log = logging.getLogger(__name__)
+
+
+def reason_of(job: Job) -> str:
+    """The last line of rq's record of why the job failed."""
+    try:
+        result = job.latest_result()
+    except Exception:  # noqa: BLE001 - an unreadable result still settles, with a generic reason
+        result = None
+    text = (getattr(result, "exc_string", None) or "").strip()
+    last = text.splitlines()[-1] if text else "rq gave up on the job"
+    if "AbandonedJobError" in last:
+        last = "AbandonedJobError: the worker died while running the job"
+    return last[:1000]
+
+
+def _records(job: Job, reason: str) -> tuple[int, list, list]:
+    """(items the job counts, a record per item in order, records of the job as a whole)."""
+    try:
+        name, kwargs = job.func_name, job.kwargs
+    except DeserializationError:
+        return 0, [], [(f"job:{job.id}", accounting.failure("?", None, reason, job_id=job.id))]
+    items = kwargs.get("items") if isinstance(kwargs, dict) else None
+    if name != ENTRY_POINT or not isinstance(items, list) or not all(
+            isinstance(i, list) and len(i) >= 2 and isinstance(i[0], str) for i in items):
+        return 0, [], [(f"job:{job.id}", accounting.failure(name, kwargs, reason, job_id=job.id))]
+    fn = kwargs.get("function")
+    return len(items), [(i[0], accounting.failure(fn, i[1], reason, job_id=job.id,
+                                                  attempts=i[2] if len(i) > 2 else 1))
+                        for i in items], []
+
+
+def settle_job(conn: redis.Redis, queue: str, job_id: str) -> bool:
+    """Settle one job of ``queue``'s failed registry; ``False`` if another did it first."""
+    registry = rq_queue(conn, queue).failed_job_registry.key
+    try:
+        job = FarmJob.fetch(job_id, connection=conn, serializer=rq_queue(conn, queue).serializer)
+    except NoSuchJobError:  # its data expired: nothing left to record
+        return accounting.settle(conn, queue, registry, job_id, 0, [])
+    total, items, whole = _records(job, reason_of(job))
+    if not accounting.settle(conn, queue, registry, job_id, total, items, whole):
+        return False
+    with suppress(redis.RedisError):
+        job.delete(remove_from_queue=False)
+    log.warning("job %s of queue %s failed for good: %d item(s) recorded in 'farm failed'",
+                job_id, queue, max(total, len(whole)))
+    return True
+
+
+def sweep(conn: redis.Redis, queue: str) -> int:
+    """Settle every job in ``queue``'s failed registry; returns how many this call settled."""
+    ids = rq_queue(conn, queue).failed_job_registry.get_job_ids()
+    return sum(settle_job(conn, queue, job_id) for job_id in ids)
+
+
+def retry_failed(conn: redis.Redis, queue: str, policy: JobPolicy) -> tuple[int, list[str]]:
+    """Enqueue every failed item of ``queue`` again, under its own ID; returns how many, and
+    why others stay (a function not allowed here, a whole foreign job, truncated arguments).
+
+    Each item's failure record is removed in the same step that queues it again."""
+    by_function: dict[str, list[list]] = defaultdict(list)
+    kept: list[str] = []
+    for raw_id, raw in conn.hgetall(keys.failed_items(queue)).items():
+        item, doc = raw_id.decode(), json.loads(raw)
+        fn, kwargs = doc.get("function"), doc.get("kwargs")
+        why = ("a whole job, not a farm item" if item.startswith("job:") else
+               "its arguments were too large to keep" if not isinstance(kwargs, dict)
+               or "_truncated" in kwargs else policy.item_refusal(fn))
+        if why:
+            kept.append(f"queue {queue} item {item}: {why}")
+        else:
+            by_function[fn].append([item, kwargs])
+    n = 0
+    for fn, items in by_function.items():
+        batch = 1 if fn == CHUNK_FUNCTION else 100
+        n += enqueue_items(conn, queue, fn, items, batch=batch).enqueued
+    return n, kept
