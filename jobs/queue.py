@@ -27,7 +27,8 @@ from jobs.farmjob import FarmJob
 from jobs.policy import ENTRY_POINT, JobPolicy
 from shardfarm.errors import FatalError
 
-JOB_RETRIES = Retry(max=3, interval=[5, 30, 120])
+RETRY_INTERVALS = (5, 30, 120)
+JOB_RETRIES = len(RETRY_INTERVALS)
 FAILURE_TTL = 7 * 24 * 3600
 JOB_TIMEOUT = 3600
 JOBS_PER_ROUND_TRIP = 50
@@ -67,12 +68,14 @@ def rq_queue(conn: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=conn, serializer=JSONSerializer, job_class=FarmJob)
 
 
-def envelope(function: str, items: list[list], description: str | None = None) -> dict:
-    """``Queue.prepare_data`` keyword arguments of one rq job carrying ``items``."""
+def envelope(function: str, items: list[list], timeout: int = JOB_TIMEOUT,
+             retries: int = JOB_RETRIES) -> dict:
+    """``Queue.prepare_data`` keyword arguments of one rq job carrying ``items``: rq runs it
+    at most ``retries`` more times after a crash or a timeout, then it is settled."""
+    retry = Retry(max=retries, interval=list(RETRY_INTERVALS[:retries])) if retries else None
     return {"kwargs": {"function": function, "items": items},
-            "description": description or f"{function} x{len(items)}",
-            "result_ttl": 1, "failure_ttl": FAILURE_TTL, "timeout": JOB_TIMEOUT,
-            "retry": JOB_RETRIES}
+            "description": f"{function} x{len(items)}",
+            "result_ttl": 1, "failure_ttl": FAILURE_TTL, "timeout": timeout, "retry": retry}
 
 
 def _recorded(conn: redis.Redis, make: Callable[[redis.client.Pipeline], object]) -> list[tuple]:
@@ -84,8 +87,9 @@ def _recorded(conn: redis.Redis, make: Callable[[redis.client.Pipeline], object]
     return commands
 
 
-def _job_writes(q: Queue, function: str, items: list[list]) -> tuple[str, list[tuple]]:
-    data = Queue.prepare_data(ENTRY_POINT, **envelope(function, items))
+def _job_writes(q: Queue, function: str, items: list[list],
+                options: dict) -> tuple[str, list[tuple]]:
+    data = Queue.prepare_data(ENTRY_POINT, **envelope(function, items, **options))
     jobs: list = []
     commands = _recorded(q.connection, lambda rec: jobs.extend(q.enqueue_many([data],
                                                                               pipeline=rec)))
@@ -119,19 +123,26 @@ def enqueue_many(queue: str, function: str, kwargs_iterable: Iterable[dict], *,
                  connection: redis.Redis, batch: int = 100, dedup: bool = True,
                  id_key: str | None = None, write_batch: int = 5000,
                  progress: Callable[[int], None] | None = None,
-                 policy: JobPolicy | None = None) -> EnqueueResult:
+                 policy: JobPolicy | None = None, job_timeout: int = JOB_TIMEOUT,
+                 retries: int = JOB_RETRIES) -> EnqueueResult:
     """Enqueue one call of ``function(**kwargs)`` per item, streaming, in pipelined batches.
 
     Items are packed ``batch`` per rq job; with ``dedup`` an item whose ID is queued or
-    running on this queue is counted as a duplicate instead.
+    running on this queue is counted as a duplicate instead. A job runs at most
+    ``job_timeout`` seconds, and is tried again ``retries`` times after a crash or timeout.
     """
     check_function(function, policy)
     if not 1 <= batch <= 10_000:
         raise FatalError(f"batch {batch} out of range 1..10000")
+    if not 1 <= job_timeout <= 7 * 86400 or not 0 <= retries <= len(RETRY_INTERVALS):
+        raise FatalError(f"job timeout {job_timeout} s or retries {retries} out of range "
+                         f"(1..604800 s, 0..{len(RETRY_INTERVALS)})")
     result = EnqueueResult()
+    options = {"timeout": job_timeout, "retries": retries}
     for group in _batches(kwargs_iterable, write_batch):
         items = [[item_id(function, kw, id_key), kw] for kw in _check_items(group)]
-        _add(result, enqueue_items(connection, queue, function, items, batch=batch, dedup=dedup))
+        _add(result, enqueue_items(connection, queue, function, items, batch=batch,
+                                   dedup=dedup, options=options))
         if progress:
             progress(len(group))
     return result
@@ -143,9 +154,10 @@ def _add(total: EnqueueResult, part: EnqueueResult) -> None:
 
 
 def enqueue_items(conn: redis.Redis, queue: str, function: str, items: Sequence[list], *,
-                  batch: int = 100, dedup: bool = True) -> EnqueueResult:
+                  batch: int = 100, dedup: bool = True,
+                  options: dict | None = None) -> EnqueueResult:
     """Commit ``[item_id, kwargs]`` items, ``batch`` per rq job (the function is not checked
-    here: callers check it once)."""
+    here: callers check it once). ``options``: ``envelope``'s timeout and retries."""
     result = EnqueueResult()
     if dedup:
         seen: set[str] = set()
@@ -157,7 +169,7 @@ def enqueue_items(conn: redis.Redis, queue: str, function: str, items: Sequence[
         round_, pending = pending[:JOBS_PER_ROUND_TRIP], pending[JOBS_PER_ROUND_TRIP:]
         with conn.pipeline(transaction=False) as pipe:
             for chunk in round_:
-                job_id, commands = _job_writes(q, function, chunk)
+                job_id, commands = _job_writes(q, function, chunk, options or {})
                 accounting.commit(conn, queue, job_id, commands,
                                   [i[0] for i in chunk] if dedup else [], len(chunk), pipe=pipe)
             replies = pipe.execute()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import defaultdict
 from contextlib import suppress
 
@@ -37,10 +38,12 @@ def reason_of(job: Job) -> str:
     except Exception:  # noqa: BLE001 - an unreadable result still settles, with a generic reason
         result = None
     text = (getattr(result, "exc_string", None) or "").strip()
-    last = text.splitlines()[-1] if text else "rq gave up on the job"
+    last = re.sub(r"^(?:\w+\.)+(?=\w+:)", "", text.splitlines()[-1] if text else "")
     if "AbandonedJobError" in last:
-        last = "AbandonedJobError: the worker died while running the job"
-    return last[:1000]
+        return "AbandonedJobError: the worker died while running the job"
+    if "DeserializationError" in last:
+        return "DeserializationError: payload is not JSON (a pickle?), refused unread"
+    return last[:1000] or "rq gave up on the job"
 
 
 def _records(job: Job, reason: str) -> tuple[int, list, list]:

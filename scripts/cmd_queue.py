@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from jobs import enqueue_many
 from jobs.policy import JobPolicy
-from jobs.queue import check_function
+from jobs.queue import JOB_RETRIES, JOB_TIMEOUT, check_function
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, emit, farm_options
 from shardfarm.errors import FatalError
@@ -35,16 +35,24 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[dict]:
 @click.argument("function", metavar="DOTTED.FUNCTION")
 @click.option("--file", "file_", required=True, type=click.File("rb"),
               help="JSON lines, one object of keyword arguments per line ('-' for stdin).")
-@click.option("--batch", default=100, show_default=True,
+@click.option("--batch", default=100, show_default=True, type=click.IntRange(1, 10_000),
               help="Items per rq job (use 1 when each item is seconds of work).")
 @click.option("--dedup/--no-dedup", default=True, show_default=True,
               help="Skip items whose job ID is queued or running on this queue.")
 @click.option("--id-key", default=None, metavar="ARG",
               help="Use this argument's value as the job ID (default: hash of the arguments).")
+@click.option("--timeout", "job_timeout", default=JOB_TIMEOUT, show_default=True,
+              type=click.IntRange(1, 7 * 86400), metavar="SECONDS",
+              help="Longest an rq job (a batch of items) may run.")
+@click.option("--retries", default=JOB_RETRIES, show_default=True,
+              type=click.IntRange(0, JOB_RETRIES),
+              help="Times a batch is tried again after a crash or timeout (after 5, 30, 120 s);"
+                   " then its unfinished items go to 'farm failed'.")
 @ALLOW_MODULE
 @farm_options
 def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
-            id_key: str | None, allow_modules: tuple[str, ...]) -> None:
+            id_key: str | None, job_timeout: int, retries: int,
+            allow_modules: tuple[str, ...]) -> None:
     """Enqueue FUNCTION(**kwargs) on QUEUE for every line of --file.
 
     FUNCTION must be in a module allowed by FARM_JOB_MODULES (or --allow-module),
@@ -59,7 +67,8 @@ def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
     with tqdm(unit=" jobs", desc=f"enqueue {queue}", disable=not sys.stderr.isatty(),
               mininterval=0.5) as bar:
         res = enqueue_many(queue, function, _lines(file_, name), connection=conn, batch=batch,
-                           dedup=dedup, id_key=id_key, progress=bar.update, policy=policy)
+                           dedup=dedup, id_key=id_key, progress=bar.update, policy=policy,
+                           job_timeout=job_timeout, retries=retries)
     emit(res.as_dict())
 
 

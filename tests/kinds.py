@@ -50,3 +50,21 @@ def explode(ctx, fatal: bool) -> None:
     """Chunk handler that always fails (fatally or transiently)."""
     from shardfarm.errors import FatalError, RetryableError
     raise (FatalError if fatal else RetryableError)("boom on purpose")
+
+
+def die_once(key: str, value: int, die: bool = False) -> None:
+    """Like ``record``; an item with ``die`` SIGKILLs its own worker the first time it runs
+    (remembered in Redis), the way an OOM kill or a lost machine would."""
+    import os
+    import signal
+    conn = get_current_job().connection
+    if die and conn.set(f"test:died:{key}", 1, nx=True):
+        os.kill(os.getpid(), signal.SIGKILL)
+    record(key, value)
+
+
+def flaky_once(key: str, value: int) -> None:
+    """Like ``record``, but the first run of each key fails with an unexpected error."""
+    if get_current_job().connection.set(f"test:flaked:{key}", 1, nx=True):
+        raise RuntimeError(f"first run of {key} fails")
+    record(key, value)

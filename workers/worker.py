@@ -13,12 +13,14 @@ import time
 
 import redis
 from rq import SimpleWorker
+from rq.exceptions import DeserializationError
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
 from jobs import runtime, settle
 from jobs.farmjob import FarmJob, job_refusal
+from jobs.policy import ForbiddenJobError
 from jobs.queue import rq_queue
 from jobs.status import worker_name
 from shardfarm import log as farm_log
@@ -72,6 +74,12 @@ class FarmWorker(SimpleWorker):
         if job.get_status(refresh=False) == JobStatus.FAILED:
             settle.settle_job(self.connection, queue.name, job.id)
         self.set_state("idle")
+
+    def handle_exception(self, job: Job, *exc_info) -> None:
+        """rq logs a job's exception with its traceback; a refused job was said in one line."""
+        if exc_info and isinstance(exc_info[1], ForbiddenJobError | DeserializationError):
+            return
+        super().handle_exception(job, *exc_info)
 
     def _beat(self, job: Job, execution, stop: threading.Event) -> None:
         while not stop.wait(HEARTBEAT_SECONDS):

@@ -1,0 +1,147 @@
+"""Items in flight on real Redis: atomic commit, bounded dedup, exact counters."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from rq import SimpleWorker
+from rq.serializers import JSONSerializer
+
+from jobs import accounting, enqueue_many
+from jobs.queue import item_id, rq_queue
+from shardfarm import keys
+
+ITEMS = [{"key": f"k{i}", "value": i} for i in range(120)]
+
+
+@pytest.fixture
+def conn(settings):
+    c = redis.Redis.from_url(settings.redis_url)
+    c.flushdb()
+    yield c
+    c.flushdb()
+
+
+def _drain(conn: redis.Redis, queue: str = "t") -> None:
+    q = rq_queue(conn, queue)
+    SimpleWorker([q], connection=conn, serializer=JSONSerializer,
+                 job_class=q.job_class).work(burst=True)
+
+
+def _queued_items(conn: redis.Redis, queue: str = "t") -> list[str]:
+    """Item IDs carried by the jobs on the queue, read from rq's job data (plain rq API)."""
+    q = rq_queue(conn, queue)
+    return sorted(i[0] for job in q.get_jobs() for i in job.kwargs["items"])
+
+
+def _counter(conn: redis.Redis, queue: str = "t") -> int:
+    return int(conn.get(keys.items_queued(queue)) or 0)
+
+
+class _Dropped(redis.Redis):
+    """A client whose next pipeline loses the connection, before or after Redis ran it."""
+
+    after = False
+    armed = True
+
+    def pipeline(self, *args, **kwargs):
+        pipe = super().pipeline(*args, **kwargs)
+        if not self.armed:
+            return pipe
+        self.armed, execute = False, pipe.execute
+
+        def dropped(*a, **k):
+            if self.after:
+                execute(*a, **k)
+            raise redis.ConnectionError("connection lost (injected)")
+        pipe.execute = dropped
+        return pipe
+
+
+def _ids(conn: redis.Redis) -> list[tuple[str, bytes]]:
+    return [(k.decode(), v) for k, v in conn.hgetall(keys.inflight("t")).items()]
+
+
+EXPECTED = sorted(item_id("tests.kinds.record", kw) for kw in ITEMS)
+
+
+def test_a_connection_lost_before_the_commit_leaves_every_item_enqueueable(conn, settings):
+    broken = _Dropped.from_url(settings.redis_url)
+    with pytest.raises(redis.ConnectionError):
+        enqueue_many("t", "tests.kinds.record", ITEMS, connection=broken)
+    again = enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn)
+    assert again.as_dict() == {"enqueued": 120, "duplicates": 0}
+    assert _queued_items(conn) == EXPECTED and _counter(conn) == 120
+
+
+def test_a_reply_lost_after_the_commit_keeps_each_item_queued_once(conn, settings):
+    broken = _Dropped.from_url(settings.redis_url)
+    broken.after = True
+    with pytest.raises(redis.ConnectionError):
+        enqueue_many("t", "tests.kinds.record", ITEMS, connection=broken)
+    again = enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn)
+    assert again.as_dict() == {"enqueued": 0, "duplicates": 120}
+    assert _queued_items(conn) == EXPECTED and _counter(conn) == 120
+
+
+def test_finished_items_can_be_enqueued_again(conn):
+    assert enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn).enqueued == 120
+    _drain(conn)
+    assert conn.hlen("test:record") == 120 and _counter(conn) == 0
+    conn.delete("test:record")
+    assert enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn).enqueued == 120
+    _drain(conn)
+    assert conn.hlen("test:record") == 120 and _counter(conn) == 0
+
+
+def test_dedup_holds_only_items_in_flight(conn):
+    enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn)
+    assert sorted(i for i, _ in _ids(conn)) == EXPECTED
+    _drain(conn)
+    assert conn.hlen(keys.inflight("t")) == 0 and conn.keys("farm:inflight:*") == []
+
+
+def test_duplicates_within_one_input_and_across_calls(conn):
+    res = enqueue_many("t", "tests.kinds.record", [*ITEMS[:10], *ITEMS[:10]], connection=conn)
+    assert res.as_dict() == {"enqueued": 10, "duplicates": 10}
+    res = enqueue_many("t", "tests.kinds.record", ITEMS[5:15], connection=conn, batch=3)
+    assert res.as_dict() == {"enqueued": 5, "duplicates": 5}
+    assert _queued_items(conn) == sorted(i[0] for i in _ids(conn)) and _counter(conn) == 15
+
+
+def test_a_deleted_job_does_not_keep_its_items_as_duplicates(conn):
+    """An operator's `rq empty` (or an evicted job) must not make items unenqueueable."""
+    enqueue_many("t", "tests.kinds.record", ITEMS[:5], connection=conn)
+    rq_queue(conn, "t").empty()
+    assert enqueue_many("t", "tests.kinds.record", ITEMS[:5], connection=conn).enqueued == 5
+
+
+def test_advance_moves_once_whoever_repeats_it(conn):
+    enqueue_many("t", "tests.kinds.record", ITEMS[:10], connection=conn, batch=10)
+    job_id = conn.hget(keys.inflight("t"), _ids(conn)[0][0]).decode()
+    ids = [i for i, _ in _ids(conn)]
+    assert accounting.advance(conn, "t", job_id, 5, ids[:5]) == 5
+    assert accounting.advance(conn, "t", job_id, 5, ids[:5]) == 0  # a zombie's repeat
+    assert accounting.advance(conn, "t", job_id, 3, ids[:3]) == 0  # a zombie behind
+    assert _counter(conn) == 5 and conn.hlen(keys.inflight("t")) == 5
+    assert accounting.advance(conn, "t", job_id, 10, ids) == 5
+    assert accounting.advance(conn, "t", job_id, 10, ids) == 0
+    assert _counter(conn) == 0 and conn.hlen(keys.inflight("t")) == 0
+
+
+def test_a_deferred_item_stays_in_flight_until_it_runs(conn):
+    enqueue_many("t", "tests.kinds.flaky_once", [{"key": "f", "value": 1}], connection=conn)
+    _drain(conn)  # first run fails: the item is deferred as a scheduled job of its own
+    assert conn.hget("test:record", "f") is None
+    assert enqueue_many("t", "tests.kinds.flaky_once", [{"key": "f", "value": 1}],
+                        connection=conn).duplicates == 1
+    scheduled = rq_queue(conn, "t").scheduled_job_registry.get_job_ids()
+    assert len(scheduled) == 1 and _ids(conn)[0][1].decode() == scheduled[0]
+    assert _counter(conn) == 1
+    from workers.maintenance import promote_scheduled
+    for job_id in scheduled:  # time passes: the deferral is due
+        conn.zadd(rq_queue(conn, "t").scheduled_job_registry.key, {job_id: 0})
+    promote_scheduled(conn, rq_queue(conn, "t"))
+    _drain(conn)
+    assert conn.hget("test:record", "f") == b"1"
+    assert _counter(conn) == 0 and conn.hlen(keys.inflight("t")) == 0

@@ -1,0 +1,118 @@
+"""The allow-list: names are refused on their text, before anything is imported."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import zlib
+
+import pytest
+import redis
+from rq import Callback, Queue
+from rq.serializers import JSONSerializer
+
+from jobs.farmjob import FarmJob, job_refusal
+from jobs.policy import ENTRY_POINT, ForbiddenJobError, JobPolicy, parse_modules
+from tests.conftest import ROOT
+
+POLICY = JobPolicy(("tests.kinds",))
+
+
+@pytest.fixture
+def marker(tmp_path, monkeypatch):
+    """The file ``tests.evil_import`` writes when (and only when) it is imported."""
+    path = tmp_path / "imported"
+    monkeypatch.setenv("FARM_TEST_IMPORT_MARKER", str(path))
+    assert "tests.evil_import" not in sys.modules
+    yield path
+    assert "tests.evil_import" not in sys.modules
+
+
+@pytest.fixture
+def conn(settings):
+    c = redis.Redis.from_url(settings.redis_url)
+    c.flushdb()
+    yield c
+    c.flushdb()
+
+
+def test_the_marker_module_does_leave_a_marker(marker):
+    """The check below can fail: importing tests.evil_import is seen."""
+    env = {"FARM_TEST_IMPORT_MARKER": str(marker), "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-c", "import tests.evil_import"], env=env, check=True)
+    assert marker.exists()
+
+
+def test_prefixes_match_whole_dotted_names():
+    assert POLICY.item_refusal("tests.kinds.record") is None
+    assert POLICY.item_refusal("tests.kinds.sub.fn") is None
+    assert "not allowed" in POLICY.item_refusal("tests.kindsx.record")
+    assert "not allowed" in POLICY.item_refusal("tests.record")
+    assert "not allowed" in POLICY.item_refusal("os.system")
+    assert POLICY.item_refusal("jobs.chunk.run_chunk") is None  # the farm's own
+    assert "not allowed" in JobPolicy().item_refusal("tests.kinds.record")
+    for bad in ("tests.kinds._private", "tests.kinds.__class__", "record", "a..b", 42, None):
+        assert "dotted" in POLICY.item_refusal(bad)
+    assert POLICY.handler_refusal("loaders.migrate.load_chunk") is None
+    assert "not allowed" in POLICY.handler_refusal("loaders.migrate.plan")
+
+
+def test_flags_override_the_variable_and_bad_prefixes_are_one_line():
+    env = {"FARM_JOB_MODULES": "a.b, c"}
+    assert JobPolicy.from_env(env).modules == ("a.b", "c")
+    assert JobPolicy.from_env(env, flags=["d", "e.f,g"]).modules == ("d", "e.f", "g")
+    with pytest.raises(ForbiddenJobError, match="bad module prefix"):
+        parse_modules(["ok, os;rm"])
+
+
+def test_names_outside_the_list_are_refused_before_import(marker):
+    with pytest.raises(ForbiddenJobError, match="not allowed"):
+        POLICY.load_item("tests.evil_import.run")
+    with pytest.raises(ForbiddenJobError, match="not allowed"):
+        POLICY.load_handler("tests.evil_import.run")
+    assert not marker.exists()
+
+
+def test_a_function_merely_imported_into_an_allowed_module_is_refused():
+    """tests.kinds imports rq's get_current_job: it is rq's function, not tests.kinds'."""
+    with pytest.raises(ForbiddenJobError, match=r"rq\.job\.get_current_job"):
+        POLICY.load_item("tests.kinds.get_current_job")
+    assert callable(POLICY.load_item("tests.kinds.record"))
+
+
+def _job(conn, func, *args, **kwargs) -> FarmJob:
+    """A job as anyone who can write to Redis could enqueue it, read back as workers do."""
+    job = Queue("t", connection=conn, serializer=JSONSerializer).enqueue(func, *args, **kwargs)
+    return FarmJob.fetch(job.id, connection=conn, serializer=JSONSerializer)
+
+
+def test_job_refusals(conn):
+    items = [["i1", {"key": "a", "value": 1}]]
+    ok = _job(conn, ENTRY_POINT, function="tests.kinds.record", items=items)
+    assert job_refusal(ok, POLICY) is None
+    cases = {
+        "not the farm's entry point": _job(conn, "os.system", "echo hi"),
+        "not allowed": _job(conn, ENTRY_POINT, function="subprocess.getoutput", items=items),
+        "callback": _job(conn, ENTRY_POINT, function="tests.kinds.record", items=items,
+                         on_failure=Callback("tests.evil_import.run")),
+        "malformed": _job(conn, ENTRY_POINT, function="tests.kinds.record", items=[["x", 1]]),
+        "keyword arguments only": _job(conn, ENTRY_POINT, "tests.kinds.record", items),
+    }
+    for why, job in cases.items():
+        assert why in (job_refusal(job, POLICY) or ""), why
+    pickled = _job(conn, ENTRY_POINT, function="tests.kinds.record", items=items)
+    conn.hset(pickled.key, "data", zlib.compress(pickle.dumps(("os.system", None, ["x"], {}))))
+    pickled = FarmJob.fetch(pickled.id, connection=conn, serializer=JSONSerializer)
+    assert "not JSON" in job_refusal(pickled, POLICY)
+
+
+def test_farm_jobs_never_import_callbacks_or_foreign_functions(conn, marker):
+    evil = Callback("tests.evil_import.run")
+    job = _job(conn, "tests.evil_import.run", on_success=evil, on_failure=evil, on_stopped=evil)
+    assert job.success_callback is None and job.failure_callback is None
+    assert job.stopped_callback is None
+    with pytest.raises(ForbiddenJobError, match="entry point"):
+        job.func  # noqa: B018 - the property is the gate
+    assert not marker.exists()
+    assert conn.hget(job.key, "failure_callback_name") == b"tests.evil_import.run"

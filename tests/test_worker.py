@@ -1,0 +1,108 @@
+"""Real `farm workers` against whatever anyone can write into Redis: nothing foreign runs,
+nothing foreign is imported, and every refused job is listed by `farm failed`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+import redis
+from rq import Callback, Queue, Worker
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from tests.conftest import run_farm
+from tests.farmkit import start_workers, stop, until
+
+ITEMS = [["i1", {"key": "a", "value": 1}]]
+
+
+@pytest.fixture
+def env(farm_env, ledger, tmp_path):
+    e = {**farm_env, "FARM_TEST_IMPORT_MARKER": str(tmp_path / "imported")}
+    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
+    yield e
+    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
+
+
+@pytest.fixture
+def conn(env):
+    return redis.Redis.from_url(env["FARM_REDIS_URL"])
+
+
+def _failed(env) -> list[dict]:
+    out = run_farm(env, "failed", "--json")
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_enqueue_refuses_a_function_outside_the_allow_list_in_one_line(env, conn, tmp_path):
+    out = run_farm(env, "enqueue", "farm", "os.system", "--file", "-",
+                   input=json.dumps({"command": f"touch {tmp_path / 'ran'}"}))
+    assert out.returncode == 1 and "not allowed" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert not conn.exists("rq:queue:farm")
+
+
+def test_workers_never_run_or_import_what_is_written_into_redis(env, conn, tmp_path):
+    """A raw rq job of any function, a farm batch of a forbidden function, a farm batch that
+    names a callback, a pickle, and a dead worker's job whose failure callback names a
+    module: none runs, no module outside the list is imported, each is in `farm failed`."""
+    ran = tmp_path / "ran"
+    q = Queue("farm", connection=conn, serializer=JSONSerializer)
+    q.enqueue("os.system", f"touch {ran}-os")
+    q.enqueue("tests.evil_import.run", "x")
+    q.enqueue("jobs.items.run_items", function="subprocess.getoutput",
+              items=[["g1", {"cmd": f"touch {ran}-getoutput"}]])
+    q.enqueue("jobs.items.run_items", function="tests.evil_import.run", items=ITEMS)
+    q.enqueue("jobs.items.run_items", function="tests.kinds.record",
+              items=[["c1", {"key": "c", "value": 3}]],
+              on_success=Callback("tests.evil_import.run"))
+    pickled = Queue("farm", connection=conn).enqueue("os.system", f"touch {ran}-pickle")
+    dead = q.enqueue("jobs.items.run_items", function="tests.kinds.record",
+                     items=[["d1", {"key": "d", "value": 4}]],
+                     on_failure=Callback("tests.evil_import.run"))
+    q.remove(dead.id)  # as if a worker took it and died: STARTED, heartbeat long expired
+    conn.hset(dead.key, "status", "started")
+    conn.zadd(StartedJobRegistry("farm", connection=conn).key, {f"{dead.id}:x": time.time() - 60})
+    proc = start_workers(env, 1)
+    try:
+        until(lambda: len(_failed(env)) >= 7, timeout=60, what="seven refusals in farm failed")
+    finally:
+        out = stop(proc)
+    assert not list(tmp_path.glob("ran*")), "a foreign function ran"
+    assert not (tmp_path / "imported").exists(), "a module outside the list was imported"
+    failed = {f["where"].split()[-1]: f for f in _failed(env)}
+    assert f"{pickled.id}" in failed and "not JSON" in failed[pickled.id]["last_error"]
+    reasons = " | ".join(f["last_error"] for f in failed.values())
+    assert "not the farm's entry point" in reasons and "not allowed" in reasons
+    assert "callback" in reasons and "AbandonedJobError" in reasons
+    assert failed["g1"]["args"] == {"cmd": f"touch {ran}-getoutput"}
+    assert conn.hlen("test:record") == 0 and "Traceback" not in out
+
+
+def test_status_names_every_worker_host(env, conn):
+    proc = start_workers(env, 1)
+    try:
+        until(lambda: Worker.count(connection=conn) == 1, what="a worker")
+        for key in conn.smembers("rq:workers"):  # rq's record loses the host (seen as '?')
+            conn.hdel(key, "hostname")
+        out = run_farm(env, "status", "--json")
+    finally:
+        stop(proc)
+    workers = json.loads(out.stdout)["workers"]
+    assert list(workers) == [socket.gethostname()] and "?" not in workers
+
+
+def test_a_scale_target_that_overrides_count_is_said(env, conn):
+    assert run_farm(env, "scale", "2").returncode == 0
+    proc = start_workers(env, 1)
+    try:
+        until(lambda: Worker.count(connection=conn) == 2, what="two workers (the target)")
+    finally:
+        out = stop(proc)
+        run_farm(env, "scale", "--clear")
+    said = [line for line in out.splitlines() if "overridden" in line]
+    assert len(said) == 1 and "--count 1" in said[0] and "2 workers" in said[0]
