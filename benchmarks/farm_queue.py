@@ -19,9 +19,11 @@ from redis import Redis
 
 from benchmarks import references as ref
 from jobs import enqueue_many
+from jobs.queue import item_id
 from shardfarm import keys
 
 QUEUE = ref.QUEUE
+os.environ["FARM_JOB_MODULES"] = "benchmarks.noop"  # the no-op job, allowed as an operator would
 
 
 def farm_enqueue(redis_url: str, n: int, batch: int = 100) -> dict:
@@ -55,6 +57,32 @@ def farm_worker_rate(redis_url: str, n: int, batch: int) -> dict:
             "jobs_per_s_corrected": n / max(elapsed - startup, 1e-9)}
 
 
+def _bytes(r: Redis, pattern: str) -> tuple[int, int]:
+    """(keys, bytes) of the keys matching ``pattern`` (MEMORY USAGE, all samples)."""
+    names = list(r.scan_iter(match=pattern, count=10_000))
+    return len(names), sum(r.memory_usage(k, samples=0) or 0 for k in names)
+
+
+def dedup_memory(redis_url: str, n: int) -> dict:
+    """Redis bytes the farm keeps for n items: in flight, and after one worker finished them;
+    the reference is the never-trimmed set of their IDs the farm used to keep."""
+    r = Redis.from_url(redis_url)
+    r.flushdb()
+    enqueue_many(QUEUE, ref.FUNC, ({"i": i} for i in range(n)), connection=r, batch=100)
+    inflight = _bytes(r, keys.inflight(QUEUE, None))[1]
+    elapsed = _farm_burst(redis_url)
+    farm_keys, after = _bytes(r, f"{keys.PREFIX}:*")
+    ids = list(r.scan_iter(match=keys.inflight(QUEUE, None)))  # none when all went well
+    r.flushdb()
+    for start in range(0, n, 10_000):
+        top = min(n, start + 10_000)
+        r.sadd("bench:ids", *(item_id(ref.FUNC, {"i": i}) for i in range(start, top)))
+    reference = _bytes(r, "bench:ids")[1]
+    r.flushdb()
+    return {"n": n, "inflight_bytes": inflight, "after_bytes": after, "farm_keys_after": farm_keys,
+            "left_in_dedup": len(ids), "reference_bytes": reference, "drain_s": elapsed}
+
+
 def _row(name: str, d: dict, ref_rate: float | None = None) -> str:
     b = f"{d['bytes_per_job']:.0f}" if "bytes_per_job" in d else "-"
     c = d.get("jobs_per_s_corrected", d["jobs_per_s"])
@@ -68,6 +96,8 @@ def main() -> None:
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--n", type=int, default=100_000, help="jobs for the enqueue figures")
     ap.add_argument("--dispatch-n", type=int, default=100_000, help="items for the worker figures")
+    ap.add_argument("--dedup-n", type=int, default=1_000_000,
+                    help="items for the dedup memory figure (0: skip)")
     a = ap.parse_args()
     rq_enq = ref.rq_enqueue_many(a.redis_url, a.n)
     raw = ref.raw_rpush(a.redis_url, a.n)
@@ -87,6 +117,12 @@ def main() -> None:
                simple["jobs_per_s_corrected"]))
     print(_row("farm worker, 1 item/job (n=2000)", farm_single, simple["jobs_per_s_corrected"]))
     print("  dispatch goal: >= 1,230 no-op jobs/s per process (Pyres), >= 7x SimpleWorker")
+    if a.dedup_n:
+        d = dedup_memory(a.redis_url, a.dedup_n)
+        print(f"dedup memory, {d['n']:,} items: {d['inflight_bytes']:,} B while queued; "
+              f"{d['after_bytes']:,} B in {d['farm_keys_after']} farm key(s) after one worker "
+              f"ran them all ({d['drain_s']:.0f} s), {d['left_in_dedup']} dedup keys left; "
+              f"reference (a set of their IDs, never trimmed): {d['reference_bytes']:,} B")
 
 
 if __name__ == "__main__":

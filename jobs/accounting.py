@@ -7,11 +7,14 @@ Three moments of an item's life change the books:
   rq's ``enqueue_many`` / ``enqueue_at`` into a pipeline, never hand-built —
   run in the same script that checks and records the items' dedup entries
   (``keys.inflight``: item ID -> carrying job, a duplicate only while that job
-  exists) and adds to the queued-items counter. Nothing is written when an item
-  is already in flight; the caller drops it and commits the rest.
+  exists; spread over 65,536 small hashes) and adds to the queued-items
+  counter. Nothing is written when an item is already in flight; the caller
+  drops it and commits the rest.
 - **advance** (a batch's checkpoint): the job's resume point moves forward; the
   counter falls by exactly the distance moved, and the finished items' dedup
-  entries go. A zombie running the same job again moves nothing twice.
+  entries go. At the end the job is marked done in rq's own hash of it
+  (``farm_done``) and its resume point dropped: a zombie running the same job
+  again moves nothing twice, and nothing is left behind.
 - **settle** (an rq job that failed for good): removed from rq's failed
   registry once, its unfinished items recorded in ``farm failed`` with the
   reason, counted out and released.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -32,75 +36,103 @@ from jobs.farmjob import FarmJob
 from shardfarm import keys
 
 PROGRESS_TTL = 7 * 24 * 3600
+DEDUP_BUCKETS = 1 << 16
 MAX_RECORD_ARGS = 4000  # bytes of arguments kept in a failure record
 JOB_PREFIX = FarmJob.redis_job_namespace_prefix
 
-# KEYS: inflight, counter, failed items. ARGV: job id, rq job key prefix, items to count,
-# mode ('add': refuse items in flight / 'move': re-point items held by ARGV[5]), holder,
-# n ids, ids..., n commands, then per command: argc, args...
+# KEYS: counter, failed items. ARGV: job id, rq job key prefix, items to count, mode ('add':
+# refuse items in flight / 'move': re-point items held by ARGV[5]), holder, n ids,
+# (dedup bucket, id) per id, n commands, then per command: argc, args...
 _COMMIT = Script(None, b"""
 local jid, prefix, mode, holder = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
 local n = tonumber(ARGV[6])
 if mode == 'add' then
   local dups = {}
   for i = 1, n do
-    local h = redis.call('HGET', KEYS[1], ARGV[6 + i])
-    if h and redis.call('EXISTS', prefix .. h) == 1 then dups[#dups + 1] = ARGV[6 + i] end
+    local h = redis.call('HGET', ARGV[5 + 2 * i], ARGV[6 + 2 * i])
+    if h and redis.call('EXISTS', prefix .. h) == 1 then dups[#dups + 1] = ARGV[6 + 2 * i] end
   end
   if #dups > 0 then return dups end
 end
 for i = 1, n do
-  local id = ARGV[6 + i]
-  if mode == 'add' or redis.call('HGET', KEYS[1], id) == holder then
-    redis.call('HSET', KEYS[1], id, jid)
+  local bucket, id = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
+  if mode == 'add' or redis.call('HGET', bucket, id) == holder then
+    redis.call('HSET', bucket, id, jid)
   end
-  if mode == 'add' then redis.call('HDEL', KEYS[3], id) end
+  if mode == 'add' then redis.call('HDEL', KEYS[2], id) end
 end
-local p = 7 + n
+local p = 7 + 2 * n
 for c = 1, tonumber(ARGV[p]) do
   local argc = tonumber(ARGV[p + 1])
   redis.call(unpack(ARGV, p + 2, p + 1 + argc))
   p = p + 1 + argc
 end
-redis.call('INCRBY', KEYS[2], ARGV[3])
+redis.call('INCRBY', KEYS[1], ARGV[3])
 return {}
 """)
 
-# KEYS: progress, counter, inflight. ARGV: job id, new progress, ttl, ids to release...
+# KEYS: progress, counter, rq job. ARGV: job id, new progress, items in the job, ttl,
+# (dedup bucket, id) pairs to release... A job marked done (or gone) moves nothing: a zombie
+# cannot count twice.
 _ADVANCE = Script(None, b"""
+if redis.call('EXISTS', KEYS[3]) == 0 or redis.call('HEXISTS', KEYS[3], 'farm_done') == 1 then
+  return 0
+end
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local new = tonumber(ARGV[2])
 if new <= cur then return 0 end
 redis.call('DECRBY', KEYS[2], new - cur)
-redis.call('SET', KEYS[1], new, 'EX', ARGV[3])
-for i = 4, #ARGV do
-  if redis.call('HGET', KEYS[3], ARGV[i]) == ARGV[1] then redis.call('HDEL', KEYS[3], ARGV[i]) end
+if new >= tonumber(ARGV[3]) then
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[3], 'farm_done', 1)
+else
+  redis.call('SET', KEYS[1], new, 'EX', ARGV[4])
+end
+for i = 5, #ARGV, 2 do
+  if redis.call('HGET', ARGV[i], ARGV[i + 1]) == ARGV[1] then
+    redis.call('HDEL', ARGV[i], ARGV[i + 1])
+  end
 end
 return new - cur
 """)
 
-# KEYS: rq failed registry, progress, counter, inflight, failed items.
-# ARGV: job id, items the job counts, ttl, n item records, (id, record) per item in order,
-# then (id, record) pairs always written.
+# KEYS: rq failed registry, progress, counter, failed items, rq job.
+# ARGV: job id, items the job counts, n item records, (dedup bucket, id, record) per item in
+# order, then (id, record) pairs always written.
 _SETTLE = Script(None, b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
 local total = tonumber(ARGV[2])
-if total > cur then
-  redis.call('DECRBY', KEYS[3], total - cur)
-  redis.call('SET', KEYS[2], total, 'EX', ARGV[3])
+local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
+if redis.call('HEXISTS', KEYS[5], 'farm_done') == 1 then cur = total end
+if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[5], 'farm_done', 1)
+local n = tonumber(ARGV[3])
+for i = cur + 1, n do
+  local bucket, id = ARGV[1 + 3 * i], ARGV[2 + 3 * i]
+  redis.call('HSET', KEYS[4], id, ARGV[3 + 3 * i])
+  if redis.call('HGET', bucket, id) == ARGV[1] then redis.call('HDEL', bucket, id) end
 end
-local n = tonumber(ARGV[4])
-for i = 1, n do
-  local id = ARGV[3 + 2 * i]
-  if i > cur then
-    redis.call('HSET', KEYS[5], id, ARGV[4 + 2 * i])
-    if redis.call('HGET', KEYS[4], id) == ARGV[1] then redis.call('HDEL', KEYS[4], id) end
-  end
-end
-for i = 5 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1]) end
+for i = 4 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return 1
 """)
+
+
+def buckets(queue: str, ids: Iterable[str]) -> list[str]:
+    """``[dedup bucket, id, …]``: each ID with the small hash of ``keys.inflight`` it lives in
+    (many small hashes stay in Redis's compact encoding: ~45 bytes an item, not ~110)."""
+    out: list[str] = []
+    for item in ids:
+        out += [keys.inflight(queue, zlib.crc32(item.encode()) % DEDUP_BUCKETS), item]
+    return out
+
+
+def in_flight(conn: redis.Redis, queue: str) -> dict[str, str]:
+    """Every item in flight on ``queue`` and the job carrying it (for tests and tools: scans)."""
+    out: dict[str, str] = {}
+    for key in conn.scan_iter(match=keys.inflight(queue, None), count=10_000):
+        out.update({k.decode(): v.decode() for k, v in conn.hgetall(key).items()})
+    return out
 
 
 def flatten(commands: Sequence[tuple]) -> list:
@@ -121,17 +153,19 @@ def commit(conn: redis.Redis, queue: str, job_id: str, commands: Sequence[tuple]
     deferral keeps its items in flight). With ``pipe`` the call is queued on it.
     """
     mode, holder = ("move", move_from) if move_from else ("add", "")
-    args = [job_id, JOB_PREFIX, count, mode, holder, len(ids), *ids, *flatten(commands)]
-    return _COMMIT(keys=[keys.inflight(queue), keys.items_queued(queue), keys.failed_items(queue)],
-                   args=args, client=conn if pipe is None else pipe)
+    args = [job_id, JOB_PREFIX, count, mode, holder, len(ids), *buckets(queue, ids),
+            *flatten(commands)]
+    return _COMMIT(keys=[keys.items_queued(queue), keys.failed_items(queue)], args=args,
+                   client=conn if pipe is None else pipe)
 
 
-def advance(conn: redis.Redis, queue: str, job_id: str, progress: int,
+def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: int,
             released: Iterable[str]) -> int:
-    """Move a job's resume point to ``progress``; returns how far it actually moved."""
+    """Move a job's resume point to ``progress`` of ``total`` items (at ``total`` the job is
+    marked done and its resume point dropped); returns how far it actually moved."""
     return int(_ADVANCE(
-        keys=[keys.item_progress(job_id), keys.items_queued(queue), keys.inflight(queue)],
-        args=[job_id, progress, PROGRESS_TTL, *released], client=conn))
+        keys=[keys.item_progress(job_id), keys.items_queued(queue), JOB_PREFIX + job_id],
+        args=[job_id, progress, total, PROGRESS_TTL, *buckets(queue, released)], client=conn))
 
 
 def progress(conn: redis.Redis, job_id: str) -> int:
@@ -143,12 +177,14 @@ def settle(conn: redis.Redis, queue: str, failed_registry: str, job_id: str, tot
            item_records: Sequence[tuple[str, str]],
            extra_records: Sequence[tuple[str, str]] = ()) -> bool:
     """Take a failed rq job out of ``failed_registry`` and into ``farm failed`` (once)."""
-    args: list = [job_id, total, PROGRESS_TTL, len(item_records)]
-    for pair in (*item_records, *extra_records):
+    args: list = [job_id, total, len(item_records)]
+    for item, record in item_records:
+        args += [*buckets(queue, [item]), record]
+    for pair in extra_records:
         args.extend(pair)
     return bool(_SETTLE(
         keys=[failed_registry, keys.item_progress(job_id), keys.items_queued(queue),
-              keys.inflight(queue), keys.failed_items(queue)], args=args, client=conn))
+              keys.failed_items(queue), JOB_PREFIX + job_id], args=args, client=conn))
 
 
 def failure(function: object, kwargs: object, error: str, *, attempts: int = 0,

@@ -43,7 +43,8 @@ def run_items(function: str, items: list[list]) -> dict:
         for item in items[start:]:
             _fail(conn, queue, function, item, 1, exc, job.id)
         counts["failed"] = len(items) - start
-        accounting.advance(conn, queue, job.id, len(items), [i[0] for i in items[start:]])
+        accounting.advance(conn, queue, job.id, len(items), len(items),
+                           [i[0] for i in items[start:]])
         return counts
     window: list[str] = []
     last = time.monotonic()
@@ -51,9 +52,9 @@ def run_items(function: str, items: list[list]) -> dict:
         counts[_run_one(fn, function, items[idx], conn, queue, job.id)] += 1
         window.append(items[idx][0])
         if (idx + 1) % CHECKPOINT_EVERY == 0 or time.monotonic() - last > CHECKPOINT_SECONDS:
-            accounting.advance(conn, queue, job.id, idx + 1, window)
+            accounting.advance(conn, queue, job.id, idx + 1, len(items), window)
             window, last = [], time.monotonic()
-    accounting.advance(conn, queue, job.id, len(items), window)
+    accounting.advance(conn, queue, job.id, len(items), len(items), window)
     return counts
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import secrets
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,6 +79,11 @@ def envelope(function: str, items: list[list], timeout: int = JOB_TIMEOUT,
             "result_ttl": 1, "failure_ttl": FAILURE_TTL, "timeout": timeout, "retry": retry}
 
 
+def new_job_id() -> str:
+    """A 64-bit random job ID: each in-flight item's dedup entry holds one, so it is short."""
+    return secrets.token_hex(8)
+
+
 def _recorded(conn: redis.Redis, make: Callable[[redis.client.Pipeline], object]) -> list[tuple]:
     """The commands rq issues for one job, recorded from a pipeline that is never sent."""
     rec = conn.pipeline(transaction=False)
@@ -89,7 +95,8 @@ def _recorded(conn: redis.Redis, make: Callable[[redis.client.Pipeline], object]
 
 def _job_writes(q: Queue, function: str, items: list[list],
                 options: dict) -> tuple[str, list[tuple]]:
-    data = Queue.prepare_data(ENTRY_POINT, **envelope(function, items, **options))
+    data = Queue.prepare_data(ENTRY_POINT, **envelope(function, items, **options),
+                              job_id=new_job_id())
     jobs: list = []
     commands = _recorded(q.connection, lambda rec: jobs.extend(q.enqueue_many([data],
                                                                               pipeline=rec)))
@@ -106,6 +113,7 @@ def enqueue_later(conn: redis.Redis, queue: str, function: str, items: list[list
     jobs: list = []
     commands = _recorded(conn, lambda rec: jobs.append(q.enqueue_in(
         timedelta(seconds=max(1.0, delay)), ENTRY_POINT, **env["kwargs"], pipeline=rec,
+        job_id=new_job_id(),
         job_timeout=env["timeout"], result_ttl=env["result_ttl"],
         failure_ttl=env["failure_ttl"], retry=env["retry"], description=env["description"])))
     ids = [i[0] for i in items] if move_from else []

@@ -9,13 +9,14 @@ from __future__ import annotations
 PREFIX = "farm"
 
 
-def inflight(queue: str) -> str:
-    """Hash of items queued or running on ``queue``: item ID -> the rq job that carries it.
+def inflight(queue: str, bucket: int | None) -> str:
+    """One of the small hashes of items queued or running on ``queue``: item ID -> the rq job
+    that carries it (``None``: the pattern that matches them all).
 
     The dedup index: an item is a duplicate only while its entry names a job that exists;
     entries are removed when the item finishes or fails for good, so it holds only what is
     in flight."""
-    return f"{PREFIX}:inflight:{queue}"
+    return f"{PREFIX}:inflight:{queue}:" + ("*" if bucket is None else f"{bucket:04x}")
 
 
 def items_queued(queue: str) -> str:

@@ -58,8 +58,10 @@ class _Dropped(redis.Redis):
         return pipe
 
 
-def _ids(conn: redis.Redis) -> list[tuple[str, bytes]]:
-    return [(k.decode(), v) for k, v in conn.hgetall(keys.inflight("t")).items()]
+def _ids(conn: redis.Redis, queue: str = "t") -> list[tuple[str, bytes]]:
+    """Items in the dedup index of ``queue`` and their jobs, read with plain Redis commands."""
+    return sorted((k.decode(), v) for key in conn.scan_iter(match=keys.inflight(queue, None))
+                  for k, v in conn.hgetall(key).items())
 
 
 EXPECTED = sorted(item_id("tests.kinds.record", kw) for kw in ITEMS)
@@ -98,7 +100,7 @@ def test_dedup_holds_only_items_in_flight(conn):
     enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn)
     assert sorted(i for i, _ in _ids(conn)) == EXPECTED
     _drain(conn)
-    assert conn.hlen(keys.inflight("t")) == 0 and conn.keys("farm:inflight:*") == []
+    assert _ids(conn) == [] and conn.keys("farm:inflight:*") == []
 
 
 def test_duplicates_within_one_input_and_across_calls(conn):
@@ -118,15 +120,18 @@ def test_a_deleted_job_does_not_keep_its_items_as_duplicates(conn):
 
 def test_advance_moves_once_whoever_repeats_it(conn):
     enqueue_many("t", "tests.kinds.record", ITEMS[:10], connection=conn, batch=10)
-    job_id = conn.hget(keys.inflight("t"), _ids(conn)[0][0]).decode()
+    job_id = _ids(conn)[0][1].decode()
     ids = [i for i, _ in _ids(conn)]
-    assert accounting.advance(conn, "t", job_id, 5, ids[:5]) == 5
-    assert accounting.advance(conn, "t", job_id, 5, ids[:5]) == 0  # a zombie's repeat
-    assert accounting.advance(conn, "t", job_id, 3, ids[:3]) == 0  # a zombie behind
-    assert _counter(conn) == 5 and conn.hlen(keys.inflight("t")) == 5
-    assert accounting.advance(conn, "t", job_id, 10, ids) == 5
-    assert accounting.advance(conn, "t", job_id, 10, ids) == 0
-    assert _counter(conn) == 0 and conn.hlen(keys.inflight("t")) == 0
+    assert accounting.advance(conn, "t", job_id, 5, 10, ids[:5]) == 5
+    assert accounting.advance(conn, "t", job_id, 5, 10, ids[:5]) == 0  # a zombie's repeat
+    assert accounting.advance(conn, "t", job_id, 3, 10, ids[:3]) == 0  # a zombie behind
+    assert _counter(conn) == 5 and len(_ids(conn)) == 5
+    assert accounting.advance(conn, "t", job_id, 10, 10, ids) == 5
+    assert _counter(conn) == 0 and _ids(conn) == []
+    assert not conn.exists(keys.item_progress(job_id))  # nothing left behind
+    for progress in (10, 7):  # a zombie still running the finished job
+        assert accounting.advance(conn, "t", job_id, progress, 10, ids) == 0
+    assert _counter(conn) == 0
 
 
 def test_a_deferred_item_stays_in_flight_until_it_runs(conn):
@@ -144,4 +149,4 @@ def test_a_deferred_item_stays_in_flight_until_it_runs(conn):
     promote_scheduled(conn, rq_queue(conn, "t"))
     _drain(conn)
     assert conn.hget("test:record", "f") == b"1"
-    assert _counter(conn) == 0 and conn.hlen(keys.inflight("t")) == 0
+    assert _counter(conn) == 0 and _ids(conn) == []

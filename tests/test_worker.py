@@ -106,3 +106,17 @@ def test_a_scale_target_that_overrides_count_is_said(env, conn):
         run_farm(env, "scale", "--clear")
     said = [line for line in out.splitlines() if "overridden" in line]
     assert len(said) == 1 and "--count 1" in said[0] and "2 workers" in said[0]
+
+
+def test_workers_started_before_shards_init_say_so_once_and_wait(env, conn):
+    env = {**env, "FARM_CONTROL_DSN": env["FARM_CONTROL_DSN"] + "_not_made_yet"}
+    proc = start_workers(env, 1)
+    try:
+        until(lambda: Worker.count(connection=conn) == 1, what="a worker")
+        time.sleep(7)  # two more housekeeping rounds (every 3 s) that fail the same way
+        assert proc.poll() is None and Worker.count(connection=conn) == 1  # still waiting
+    finally:
+        out = stop(proc)
+    said = [line for line in out.splitlines() if "farm shards init" in line]
+    assert len(said) == 1 and "Traceback" not in out, out
+    assert "_not_made_yet" in said[0] or "1049" in said[0]
