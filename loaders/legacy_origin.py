@@ -65,7 +65,7 @@ def describe_rows(counts: dict[str, int]) -> str:
     capped = "+" if any(n >= COUNT_CAP for n in counts.values()) else ""
     parts = ", ".join(f"{t} {n:,}{'+' if n >= COUNT_CAP else ''}"
                       for t, n in counts.items() if n)
-    return f"{total:,}{capped} rows ({parts})"
+    return f"{total:,}{capped} row{'' if total == 1 and not capped else 's'} ({parts})"
 
 
 def read_origin(dsn: DSN) -> dict | None:

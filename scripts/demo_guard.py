@@ -25,6 +25,7 @@ from shardfarm.db import connect
 from shardfarm.errors import DatabaseError, FatalError
 from sharding.pool import translate
 from sharding.schema import DIRECTORY_TABLES, MAPPING_TABLES, OBJECT_TABLES, shard_db
+from sharding.shardmap import Host
 
 MADE_BY = "farm demo"
 DATA_TABLES = (*OBJECT_TABLES, *MAPPING_TABLES, *DIRECTORY_TABLES)
@@ -73,11 +74,14 @@ def control_runs(app: App) -> list[dict] | None:
 def shard_rows(app: App) -> dict[str, tuple[int, int]]:
     """Per server of the map: how many shard databases hold rows, and how many rows."""
     m = app.router.shardmap
-    by_host: dict[object, list[str]] = defaultdict(list)
-    for shard in m.shards():
-        by_host[m.master(shard)].append(shard_db(shard))
+    hosts: dict[tuple, Host] = {}
+    by_server: dict[tuple, list[str]] = defaultdict(list)
+    for shard in m.shards():  # several host names may point at one server: count it once
+        host = hosts.setdefault(m.master(shard).server, m.master(shard))
+        by_server[host.server].append(shard_db(shard))
     out = {}
-    for host, dbs in by_host.items():
+    for server, dbs in by_server.items():
+        host = hosts[server]
         counts = _count_tables(app, host, dbs)
         if counts:
             out[f"{host.host}:{host.port}"] = (sum(1 for n in counts.values() if n),
@@ -85,7 +89,7 @@ def shard_rows(app: App) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _count_tables(app: App, host, dbs: list[str]) -> dict[str, int]:
+def _count_tables(app: App, host: Host, dbs: list[str]) -> dict[str, int]:
     """Rows per database (each table counted up to ``COUNT_CAP``), existing tables only."""
     marks = ",".join(["%s"] * len(dbs))
     tables = [(d, t) for d, t in app.router.query(
@@ -121,7 +125,8 @@ def foreign(app: App, s: Survey) -> dict[str, str]:
                            f"{describe_rows(s.legacy)}{maker}")
     if s.shards_hold_rows and (why := _shards_not_ours(app, s)):
         held = "; ".join(f"{_databases(k)} of the map on {server} hold{'s' if k == 1 else ''} "
-                         f"{n:,} rows" for server, (k, n) in s.shard_rows.items() if n)
+                         f"{n:,} row{'' if n == 1 else 's'}"
+                         for server, (k, n) in s.shard_rows.items() if n)
         found["shards"] = f"{held} ({why})"
     return found
 

@@ -28,12 +28,14 @@ FAR_BOARD = _id(100, 2, 5)     # a board on shard 100: not in the demo map
 
 @pytest.fixture(scope="module")
 def demo_env(tmp_path_factory):
-    """A four-shard, 64-bucket map on a private server; control, legacy and Redis of its own."""
+    """A four-shard, 64-bucket map on a private server (two host names for it); control,
+    legacy and Redis of its own."""
     server = PrivateMariaDB.start()
     root = tmp_path_factory.mktemp("demo")
     h = {"host": "127.0.0.1", "port": server.port, "user": "root", "password": ""}
-    doc = {"version": 1, "hosts": {"C1": h},
-           "shards": [{"range": [0, 3], "master": "C1", "slave": "C1"}], "open": [[0, 3]],
+    doc = {"version": 1, "hosts": {"C1": h, "C2": dict(h)},
+           "shards": [{"range": [0, 1], "master": "C1", "slave": "C1"},
+                      {"range": [2, 3], "master": "C2", "slave": "C2"}], "open": [[0, 3]],
            "mod": {"buckets": 64, "ranges": [{"range": [0, 63], "master": "C1",
                                               "slave": "C1"}]}}
     (root / "map.json").write_text(json.dumps(doc))
@@ -83,7 +85,8 @@ def _foreign_shard_rows(env: dict[str, str], port: int) -> None:
     _sql(port, "INSERT INTO db00000.users (local_id, data) VALUES "
                "(7, '{\"username\": \"intruder\"}')",
          "INSERT INTO db00000.user_follows_boards (from_id, to_id, sequence) "
-         f"VALUES ({INTRUDER}, {FAR_BOARD}, 1)")
+         f"VALUES ({INTRUDER}, {FAR_BOARD}, 1)",
+         "INSERT INTO db00002.boards (local_id, data) VALUES (3, '{\"name\": \"theirs\"}')")
 
 
 def _one_line(stderr: str) -> str:
@@ -121,7 +124,7 @@ def test_demo_refuses_shards_holding_data_it_did_not_make(env, demo_env):
     out = run_farm(env, "demo", "--users", "150")
     assert out.returncode == 1, out.stdout + out.stderr
     line = _one_line(out.stderr)
-    assert f"1 shard database of the map on 127.0.0.1:{server.port} holds 2 rows" in line
+    assert f"2 shard databases of the map on 127.0.0.1:{server.port} hold 3 rows" in line
     assert "farm demo --clean" in line and "farm demo --force" in line
     assert "legacy" not in _databases(server.port)
     assert _sql(server.port, "SELECT COUNT(*) FROM db00000.user_follows_boards") == [(1,)]
