@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
@@ -56,7 +57,7 @@ class Phases:
         self.results: dict[str, RunResult] = {}
 
     @contextmanager
-    def phase(self, name: str, rows: int | None = None):
+    def phase(self, name: str, rows: int | None = None) -> Iterator[None]:
         """Time the ``with`` block as phase ``name``."""
         click.echo(f"==> {name}", err=True)
         t0 = time.monotonic()
@@ -67,11 +68,9 @@ class Phases:
         """Record how many rows a phase moved (for its rate)."""
         self.times[name] = (self.times[name][0], rows)
 
-    def record(self, result: RunResult, rows: int | None = None) -> RunResult:
-        """Keep how the run of phase ``result.phase`` ended (and the rows it moved)."""
+    def record(self, result: RunResult) -> RunResult:
+        """Keep how the run of phase ``result.phase`` ended."""
         self.results[result.phase] = result
-        if rows is not None:
-            self.set_rows(result.phase, rows)
         return result
 
     def failed(self, *names: str) -> RunResult | None:
@@ -91,7 +90,7 @@ class Phases:
 
 
 @contextmanager
-def own_workers(app: App, count: int):
+def own_workers(app: App, count: int) -> Iterator[subprocess.Popen]:
     """Run ``farm workers --count N`` for the demo and stop it (warm) at the end."""
     env = dict(os.environ)
     env.update({"FARM_REDIS_URL": app.settings.redis_url,
@@ -120,8 +119,10 @@ def _wait(app: App, run_id: str) -> str:
 
 
 @click.command("demo")
-@click.option("--users", default=5000, show_default=True, help="Legacy users (~40 rows each).")
-@click.option("--workers", "n_workers", default=2, show_default=True, help="Workers to start.")
+@click.option("--users", default=5000, show_default=True, type=click.IntRange(min=1),
+              help="Legacy users (~40 rows each).")
+@click.option("--workers", "n_workers", default=2, show_default=True,
+              type=click.IntRange(min=1), help="Workers to start.")
 @click.option("--clean", is_flag=True,
               help="Delete what the demo makes (the map's shard and mod databases, the legacy "
                    "and control databases, its exports, the farm's Redis keys), then exit.")
