@@ -511,7 +511,7 @@ def generate(bench: Bench, users: int) -> tuple[int, float]:
     """``farm legacy generate``; returns the legacy row count and the seconds taken."""
     say(f"generating {users:,} legacy users")
     start = time.perf_counter()
-    bench.farm("legacy", "generate", "--users", str(users), "--seed", "1")
+    bench.farm("legacy", "generate", "--users", str(users), "--seed", "1", "--replace")
     return legacy_rows(bench), time.perf_counter() - start
 
 

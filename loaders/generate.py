@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
 
+from loaders.legacy_origin import record_origin
 from loaders.legacy_schema import LEGACY_TABLES
 from loaders.legacy_write import ZERO, write
 from shardfarm.dsn import DSN
@@ -415,12 +416,16 @@ def report(data: LegacyData) -> dict:
 
 
 def generate(dsn: DSN, users: int, seed: int = 1,
-             progress: Callable[[int], object] | None = None) -> dict:
+             progress: Callable[[int], object] | None = None,
+             made_by: str = "farm legacy generate") -> dict:
     """Fill the legacy database with the data set of ``build(users, seed)``; return ``report``.
 
-    The tables are dropped and recreated first. ``progress(n)`` is called as rows land.
+    The tables are dropped and recreated first (callers that must not replace someone's
+    data check ``legacy_origin.refuse_to_replace`` before). ``made_by``, users and seed
+    are recorded in the database (``legacy_origin``). ``progress(n)`` is called as rows land.
     """
     data = build(users, seed)
+    record_origin(dsn, made_by, users, seed, complete=False)
     for attempt in range(3):  # write() starts from empty tables, so it may simply run again
         try:
             write(dsn, data, progress)
@@ -428,4 +433,5 @@ def generate(dsn: DSN, users: int, seed: int = 1,
         except TransientDatabaseError as exc:  # a connection lost (or killed) mid-load
             if attempt == 2 or isinstance(exc, UnreachableError):
                 raise
+    record_origin(dsn, made_by, users, seed, complete=True)
     return {"users": users, "seed": seed, **report(data)}

@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
 
 from exporters import export as exporter
+from exporters.dump import EXPORT_TABLES
 from jobs import runs
 from loaders import feeds as feeder
 from loaders import migrate as migration
@@ -22,17 +24,23 @@ from loaders.generate import generate
 from scripts.app import App
 from scripts.cmd_migrate import preflight
 from scripts.cmd_shards import init_all
+from scripts.demo_clean import clean_everything
+from scripts.demo_guard import MADE_BY, foreign, previous_data_set, refusal, survey
 from scripts.demo_report import (
+    RunResult,
     board_page_lines,
-    clean_everything,
     export_lines,
+    failure_lines,
     hot_board_lines,
     quarantine_lines,
+    run_result,
+    safely,
     table_lines,
+    verify_result,
 )
 from scripts.options import emit, farm_options
 from scripts.render import RunProgress
-from shardfarm.errors import FarmError
+from shardfarm.errors import FarmError, FatalError
 from sharding import ids
 from sharding.hotspot import FOLLOWERS
 
@@ -42,13 +50,14 @@ HOT_SPREAD = 4
 
 
 class Phases:
-    """Times each phase and prints a banner for it."""
+    """Times each phase, prints a banner for it, and keeps how its run ended."""
 
     def __init__(self) -> None:
         self.times: dict[str, tuple[float, int | None]] = {}
+        self.results: dict[str, RunResult] = {}
 
     @contextmanager
-    def phase(self, name: str, rows: int | None = None):
+    def phase(self, name: str, rows: int | None = None) -> Iterator[None]:
         """Time the ``with`` block as phase ``name``."""
         click.echo(f"==> {name}", err=True)
         t0 = time.monotonic()
@@ -59,17 +68,29 @@ class Phases:
         """Record how many rows a phase moved (for its rate)."""
         self.times[name] = (self.times[name][0], rows)
 
+    def record(self, result: RunResult) -> RunResult:
+        """Keep how the run of phase ``result.phase`` ended."""
+        self.results[result.phase] = result
+        return result
+
+    def failed(self, *names: str) -> RunResult | None:
+        """The first of these phases whose run did not end well, if any."""
+        return next((r for n in names if (r := self.results.get(n)) and not r.ok), None)
+
     def lines(self) -> list[str]:
-        """``phase  seconds  rows/s`` lines."""
+        """``phase  seconds  rows/s`` lines; a phase whose run failed says so instead."""
         out = []
         for name, (secs, rows) in self.times.items():
-            rate = f"{rows / secs:>10,.0f} rows/s" if rows and secs > 0 else ""
-            out.append(f"  {name:<24}{secs:>7.1f} s  {rate}")
+            if (r := self.results.get(name)) and not r.ok:
+                tail = f"FAILED ({r.problem()})"
+            else:
+                tail = f"{rows / secs:>10,.0f} rows/s" if rows and secs > 0 else ""
+            out.append(f"  {name:<24}{secs:>7.1f} s  {tail}")
         return out
 
 
 @contextmanager
-def own_workers(app: App, count: int):
+def own_workers(app: App, count: int) -> Iterator[subprocess.Popen]:
     """Run ``farm workers --count N`` for the demo and stop it (warm) at the end."""
     env = dict(os.environ)
     env.update({"FARM_REDIS_URL": app.settings.redis_url,
@@ -89,16 +110,6 @@ def own_workers(app: App, count: int):
             proc.kill()
 
 
-def _previous_demo(app: App) -> dict | None:
-    """The data set of the last demo migration, ``{}`` if the last migration was not a demo."""
-    import pymysql
-    try:
-        last = app.runtime.ledger.latest_run("migrate")
-    except (FarmError, pymysql.MySQLError):
-        return None  # no control database yet: nothing to clean
-    return app.runtime.ledger.run(last)["params"].get("demo", {}) if last else None
-
-
 def _wait(app: App, run_id: str) -> str:
     bar = RunProgress(run_id)
     try:
@@ -108,98 +119,152 @@ def _wait(app: App, run_id: str) -> str:
 
 
 @click.command("demo")
-@click.option("--users", default=5000, show_default=True, help="Legacy users (~40 rows each).")
-@click.option("--workers", "n_workers", default=2, show_default=True, help="Workers to start.")
-@click.option("--clean", is_flag=True, help="Remove everything the demo made, then exit.")
+@click.option("--users", default=5000, show_default=True, type=click.IntRange(min=1),
+              help="Legacy users (~40 rows each).")
+@click.option("--workers", "n_workers", default=2, show_default=True,
+              type=click.IntRange(min=1), help="Workers to start.")
+@click.option("--clean", is_flag=True,
+              help="Delete what the demo makes (the map's shard and mod databases, the legacy "
+                   "and control databases, its exports, the farm's Redis keys), then exit.")
+@click.option("--force", is_flag=True,
+              help="Run even into shards or a legacy database holding data the demo did not "
+                   "make (refused without it).")
 @farm_options
-def demo(app: App, users: int, n_workers: int, clean: bool) -> None:
+def demo(app: App, users: int, n_workers: int, clean: bool, force: bool) -> None:
     """Run the whole story on the default setup (localhost MariaDB and Redis).
 
     Generates a legacy database, creates the shards, starts its own workers,
     migrates with a progress bar, verifies, rebuilds the reverse mappings,
     rebalances hot boards, rebuilds home feeds, exports yesterday's partition
-    to FARM_EXPORT_URL (./exports) and prints a report. Safe to run again;
-    --clean removes what it made.
+    to FARM_EXPORT_URL (./exports) and prints a report. Safe to run again on its
+    own data; refuses data it did not make unless --force; exits 1 when any run
+    failed or verify found a mismatch. --clean removes what it made.
     """
     if clean:
         emit(clean_everything(app))
         return
+    tag = _prepare(app, {"users": users, "seed": DEMO_SEED}, force)
     p = Phases()
     with p.phase("shards init"):
-        if _previous_demo(app) not in (None, {"users": users, "seed": DEMO_SEED}):
-            click.echo("    (the last demo used another data set: starting from clean)", err=True)
-            clean_everything(app)
         init_all(app, tune=True)
     with p.phase("legacy generate"):
-        gen = generate(app.settings.legacy_dsn, users, DEMO_SEED)
+        gen = generate(app.settings.legacy_dsn, users, DEMO_SEED, made_by=MADE_BY)
     p.set_rows("legacy generate", sum(gen["rows"].values()))
     preflight(app)
-    rt = app.runtime
     with own_workers(app, n_workers):
-        with p.phase("migrate"):
-            params, chunks = migration.plan(app.settings, app.router, rt.ledger)
-            params["demo"] = {"users": users, "seed": DEMO_SEED}
-            run_id = runs.start(rt, "migrate", migration.HANDLER, chunks, params)
-            status = _wait(app, run_id)
-        summary = runs.summary(rt, run_id)
-        p.set_rows("migrate", sum(summary["loaded"].values())
-                   + sum(summary["quarantined"].values()))
-        with p.phase("verify"):
-            verified = _verify(app, run_id)
-        with p.phase("reverse mappings"):
-            rev = _run(app, "reverse", reverser.HANDLER, *reverser.plan(app.router, []))
-        p.set_rows("reverse mappings", sum(rev["loaded"].values()))
-        spread = min(HOT_SPREAD, len(list(app.router.shardmap.shards())) - 1)
-        with p.phase("rebalance hot boards"):
-            reb = _run(app, "rebalance", rebalancer.HANDLER,
-                       *rebalancer.plan(app.router, FOLLOWERS, HOT_THRESHOLD, spread))
-        p.set_rows("rebalance hot boards", sum(reb["loaded"].values()))
-        with p.phase("home feeds"):
-            fed = _run(app, "feeds", feeder.HANDLER, *feeder.plan(app.router))
-        p.set_rows("home feeds", fed["loaded"].get("feeds", 0))
-        date = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
-        with p.phase("export"):
-            params, chunks = exporter.plan(app.router, date, app.settings.export_url,
-                                           force=True)
-            exp = _run(app, "export", exporter.HANDLER, {**params, "demo": True}, chunks)
-        p.set_rows("export", sum(exp["loaded"].values()))
-    _report(app, p, summary, status, verified, date)
+        mig = _migrate_and_verify(app, p, tag)
+        date = _later_phases(app, p, tag)
+    _report(app, p, mig, date)
+    bad = [r for r in p.results.values() if not r.ok]
+    if bad:
+        raise FatalError(f"demo: {len(bad)} of {len(p.results)} runs did not end well ("
+                         + ", ".join(f"{r.phase} {r.run_id}" for r in bad)
+                         + "); the report above says why and what to run next")
 
 
-def _run(app: App, kind: str, handler: str, params: dict, chunks: list) -> dict:
-    """Start a run, show its progress, return its summary."""
-    run_id = runs.start(app.runtime, kind, handler, chunks, params)
-    _wait(app, run_id)
-    return runs.summary(app.runtime, run_id)
+def _prepare(app: App, data_set: dict, force: bool) -> dict:
+    """Refuse data the demo did not make (unless ``force``); clean another demo data set.
+
+    Returns the ``demo`` tag every run of this demo carries in its params.
+    """
+    found = survey(app)
+    foreign_data = foreign(app, found)
+    if foreign_data and not force:
+        raise refusal(foreign_data)
+    if foreign_data:
+        click.echo(f"    (--force: running into {'; '.join(foreign_data.values())})", err=True)
+        return {**data_set, "forced": True} if "shards" in foreign_data else data_set
+    previous = previous_data_set(found)
+    if previous is not None and previous != data_set:
+        click.echo("    (the last demo used another data set: starting from clean)", err=True)
+        clean_everything(app)
+    return data_set
 
 
-def _verify(app: App, run_id: str) -> dict:
+def _migrate_and_verify(app: App, p: Phases, tag: dict) -> RunResult:
+    """Migrate the whole legacy database, then verify it; returns how the migration ended."""
+    rt = app.runtime
+    with p.phase("migrate"):
+        params, chunks = migration.plan(app.settings, app.router, rt.ledger)
+        run_id = runs.start(rt, "migrate", migration.HANDLER, chunks, {**params, "demo": tag})
+        mig = run_result(rt, "migrate", run_id, _wait(app, run_id))
+    p.set_rows("migrate", sum(mig.summary["loaded"].values())
+               + sum(mig.summary["quarantined"].values()))
+    p.record(mig)
+    with p.phase("verify"):
+        p.record(_verify(app, run_id, tag))
+    return mig
+
+
+def _later_phases(app: App, p: Phases, tag: dict) -> str:
+    """Reverse, rebalance, feeds and the export of yesterday; returns the export date."""
+    rev = _run(app, p, "reverse mappings", "reverse", reverser.HANDLER, tag,
+               *reverser.plan(app.router, []))
+    p.set_rows("reverse mappings", sum(rev.summary["loaded"].values()))
+    spread = min(HOT_SPREAD, len(list(app.router.shardmap.shards())) - 1)
+    reb = _run(app, p, "rebalance hot boards", "rebalance", rebalancer.HANDLER, tag,
+               *rebalancer.plan(app.router, FOLLOWERS, HOT_THRESHOLD, spread))
+    p.set_rows("rebalance hot boards", sum(reb.summary["loaded"].values()))
+    fed = _run(app, p, "home feeds", "feeds", feeder.HANDLER, tag, *feeder.plan(app.router))
+    p.set_rows("home feeds", fed.summary["loaded"].get("feeds", 0))
+    date = (dt.datetime.now(dt.UTC).date() - dt.timedelta(days=1)).isoformat()
+    params, chunks = exporter.plan(app.router, date, app.settings.export_url, force=True)
+    exp = _run(app, p, "export", "export", exporter.HANDLER, tag, params, chunks)
+    p.set_rows("export", sum(exp.summary["loaded"].values()))
+    return date
+
+
+def _run(app: App, p: Phases, phase: str, kind: str, handler: str, tag: dict, params: dict,
+         chunks: list) -> RunResult:
+    """Start a run as ``phase``, show its progress, record and return how it ended."""
+    with p.phase(phase):
+        run_id = runs.start(app.runtime, kind, handler, chunks, {**params, "demo": tag})
+        return p.record(run_result(app.runtime, phase, run_id, _wait(app, run_id)))
+
+
+def _verify(app: App, run_id: str, tag: dict) -> RunResult:
+    """Verify migrate run ``run_id``; the result counts its mismatches."""
     from loaders import verify as verifier
     rt = app.runtime
     of = rt.ledger.run(run_id)["params"]
     _, chunks = migration.plan(app.settings, app.router, rt.ledger, of["chunk_rows"])
     params = {k: of[k] for k in ("open_shards", "floors", "kinds", "chunk_rows")}
-    vid = runs.start(rt, "verify", verifier.HANDLER, chunks, {**params, "of_run": run_id})
-    status = _wait(app, vid)
-    n, _ = rt.ledger.mismatches(vid, limit=0)
-    return {"run_id": vid, "status": status, "mismatches": n}
+    vid = runs.start(rt, "verify", verifier.HANDLER, chunks,
+                     {**params, "of_run": run_id, "demo": tag})
+    return verify_result(rt, vid, _wait(app, vid))
 
 
-def _report(app: App, p: Phases, summary: dict, status: str, verified: dict,
-            date: str) -> None:
+def _suspect_tables(p: Phases) -> set[str]:
+    """Exported tables written by a run that failed."""
+    if p.failed("migrate"):
+        return set(EXPORT_TABLES)
+    return ((set(reverser.REVERSES) if p.failed("reverse mappings") else set())
+            | ({FOLLOWERS} if p.failed("rebalance hot boards") else set()))
+
+
+def _report(app: App, p: Phases, mig: RunResult, date: str) -> None:
+    """Print what the demo made, and what failed with the commands that show the rest."""
     rt = app.runtime
-    out = ["", "shardfarm demo", "=" * 60,
-           f"migration {summary['run_id']}: {status}, {summary['failed_chunks']} failed chunks",
-           *table_lines(summary), "", "time per phase:", *p.lines(), "",
-           "quarantined rows by reason:", *quarantine_lines(rt, summary["run_id"]), "",
-           f"verify {verified['run_id']}: {verified['status']}, "
-           f"{verified['mismatches']} mismatches", ""]
-    page, board = board_page_lines(app)
+    ver = p.results["verify"]
+    failed = [r for r in p.results.values() if not r.ok]
+    out = ["", "shardfarm demo" + (" FAILED: see the end of this report" if failed else ""),
+           "=" * 60, f"migration {mig.run_id}: {mig.status}, {mig.failed} failed chunks",
+           *table_lines(mig.summary), "", "time per phase:", *p.lines(), "",
+           "quarantined rows by reason:", *quarantine_lines(rt, mig.run_id), "",
+           f"verify {ver.run_id}: {ver.status}, {ver.mismatches} mismatches", ""]
+    try:
+        page, board = board_page_lines(app)
+    except FarmError as exc:
+        page, board = [f"(board page not shown: {str(exc).splitlines()[0]})"], None
     out += page
-    out += ["", *hot_board_lines(app)]
+    if bad := p.failed("reverse mappings", "rebalance hot boards"):
+        out += ["", f"hot boards not shown: {bad.phase} {bad.problem()}"]
+    else:
+        out += ["", *safely("hot boards", lambda: hot_board_lines(app))]
     if board:
         out += ["", f"decoded board ID {board}: {ids.decode(board).as_dict()}"]
-    out += ["", *export_lines(app, date)]
+    out += ["", *safely("exports", lambda: export_lines(app, date, _suspect_tables(p)))]
+    out += ["", *failure_lines(rt, list(p.results.values()), mig.run_id)] if failed else []
     for line in out:
         click.echo(line)
 

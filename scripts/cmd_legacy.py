@@ -9,6 +9,7 @@ import click
 from tqdm import tqdm
 
 from loaders.generate import generate
+from loaders.legacy_origin import refuse_to_replace
 from scripts.app import App
 from scripts.options import emit, farm_options
 
@@ -23,14 +24,19 @@ def legacy_group() -> None:
               help="Number of users; about 40 legacy rows are written per user.")
 @click.option("--seed", type=int, default=1, show_default=True, metavar="S",
               help="Random seed: the same seed always gives the same data.")
+@click.option("--replace", is_flag=True,
+              help="Drop the legacy tables even when they hold rows (refused without it).")
 @farm_options
-def generate_cmd(app: App, users: int, seed: int) -> None:
-    """Drop, recreate and fill the legacy tables with a realistic synthetic data set.
+def generate_cmd(app: App, users: int, seed: int, replace: bool) -> None:
+    """Create and fill the legacy tables with a realistic synthetic data set.
 
     Power-law boards, pins and follows (a few very hot boards), group boards, unicode,
     sparse and large IDs, and a small share of bad rows (NULL or zero dates, NULL
     usernames, orphans). Prints one JSON line with the counts and the seconds taken.
+    A legacy database whose tables hold rows is refused unless --replace is given.
     """
+    if not replace:
+        refuse_to_replace(app.settings.legacy_dsn)
     start = time.monotonic()
     with tqdm(unit="row", unit_scale=True, desc="legacy generate", leave=False,
               disable=not sys.stderr.isatty()) as bar:

@@ -1,25 +1,22 @@
-"""The parts of ``farm demo``'s report, and ``farm demo --clean``."""
+"""The parts of ``farm demo``'s report: what it made, and what failed."""
 
 from __future__ import annotations
 
 import json
-import os
-from contextlib import suppress
-
-import pymysql
-import redis
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from exporters import export as exporter
 from exporters.destinations import FileDestination, open_destination
 from exporters.dump import EXPORT_TABLES
+from jobs import runs
 from jobs.runtime import Runtime
 from scripts.app import App
-from shardfarm.db import drop_database
 from shardfarm.errors import FarmError
 from sharding import hotspot, ids
 from sharding.mappings import MappingStore
 from sharding.objects import ObjectStore
-from sharding.schema import mod_db, shard_db
+from sharding.schema import shard_db
 
 
 def table_lines(summary: dict) -> list[str]:
@@ -85,8 +82,11 @@ def hot_board_lines(app: App) -> list[str]:
             f"  newest followers (fan-out read merged by sequence): {page.ids}"]
 
 
-def export_lines(app: App, date: str) -> list[str]:
-    """Where the export of ``date`` is: each table's folder, files, rows and size."""
+def export_lines(app: App, date: str, suspect: Iterable[str] = ()) -> list[str]:
+    """Where the export of ``date`` is: each table's folder, files, rows and size.
+
+    Tables in ``suspect`` were written by a run that failed: their line says so.
+    """
     dest = open_destination(app.settings.export_url)
     out = [f"exports of dt={date} under {dest.url}/ (manifest, then _SUCCESS):"]
     for table in EXPORT_TABLES:
@@ -96,63 +96,81 @@ def export_lines(app: App, date: str) -> list[str]:
             continue
         m = json.loads(raw)
         done = "_SUCCESS" if dest.exists(folder + exporter.SUCCESS) else "incomplete"
+        note = "  (its source run FAILED: incomplete)" if table in suspect else ""
         out.append(f"  {folder:<38}{len(m['files']):>3} parts{m['rows']:>10,} rows"
-                   f"{m['bytes'] / 1e6:>8.2f} MB  {done}")
+                   f"{m['bytes'] / 1e6:>8.2f} MB  {done}{note}")
     if isinstance(dest, FileDestination):
         out.append(f"  read as Spark would, e.g. DuckDB: SELECT count(*) FROM read_json("
                    f"'{dest.root}/pins/*/*.jsonl.gz', hive_partitioning=true)")
     return out
 
 
-def remove_demo_exports(app: App) -> int:
-    """Delete the files of every export the demo ran (never the rest of the destination)."""
+@dataclass
+class RunResult:
+    """How one run the demo started ended."""
+
+    phase: str
+    run_id: str
+    status: str
+    total: int
+    failed: int
+    summary: dict
+    mismatches: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """Every chunk done and, for a verify run, no mismatch."""
+        return self.status == "done" and self.failed == 0 and self.mismatches == 0
+
+    def problem(self) -> str:
+        """``run R: failed, 3 of 48 chunks failed`` (or its mismatches)."""
+        parts = []
+        if self.status != "done" or self.failed:
+            parts.append(f"{self.status}, {self.failed} of {self.total} chunks failed")
+        if self.mismatches:
+            parts.append(f"{self.mismatches:,} mismatches")
+        return f"run {self.run_id}: {'; '.join(parts)}"
+
+
+def run_result(rt: Runtime, phase: str, run_id: str, status: str) -> RunResult:
+    """The outcome of a finished run, read back from the ledger."""
+    summary = runs.summary(rt, run_id)
+    total = rt.ledger.run(run_id)["total_chunks"]
+    return RunResult(phase, run_id, status, total, summary["failed_chunks"], summary)
+
+
+def verify_result(rt: Runtime, run_id: str, status: str) -> RunResult:
+    """The outcome of a finished verify run, with the mismatches it recorded."""
+    result = run_result(rt, "verify", run_id, status)
+    result.mismatches, _ = rt.ledger.mismatches(run_id, limit=0)
+    return result
+
+
+def failure_lines(rt: Runtime, results: list[RunResult], migrate_run: str,
+                  reasons: int = 3) -> list[str]:
+    """What failed: each run, its first reasons and the command that shows the rest."""
+    bad = [r for r in results if not r.ok]
+    if not bad:
+        return []
+    out = [f"FAILED: {len(bad)} of {len(results)} runs did not end well:"]
+    for r in bad:
+        out.append(f"  {r.phase}: {r.problem()}")
+        if r.status != "done" or r.failed:
+            for f in rt.ledger.failures(r.run_id, limit=reasons):
+                why = (f["last_error"] or "no reason recorded").splitlines()[0][:240]
+                out.append(f"    chunk {f['chunk_id']} ({f['kind']}): {why}")
+            out.append(f"    see them all: farm failed --run {r.run_id}")
+        if r.mismatches:
+            _, first = rt.ledger.mismatches(r.run_id, limit=reasons)
+            out += [f"    {m['legacy_table']} {m['legacy_key']} {m['target']}: {m['problem']}"
+                    for m in first]
+            out.append(f"    see them all: farm verify --run {migrate_run}")
+    return out
+
+
+def safely(what: str, render: Callable[[], list[str]]) -> list[str]:
+    """``render()``, or one line saying why ``what`` could not be shown."""
     try:
-        ledger = app.runtime.ledger
-        demo_runs = [r for r in map(ledger.run, ledger.runs(limit=100_000))
-                     if r["kind"] == "export" and r["params"].get("demo")]
-    except (FarmError, pymysql.MySQLError):
-        return 0  # no control database: the demo has not exported anything
-    removed = 0
-    for run in demo_runs:
-        p = run["params"]
-        dest = open_destination(p["dest"])
-        for table in p["kinds"]:
-            for key in dest.list(exporter.folder_of(table, p["date"])):
-                dest.delete(key)
-                removed += 1
-        if isinstance(dest, FileDestination):
-            _prune_empty(dest.root)
-    return removed
-
-
-def _prune_empty(root) -> None:
-    """Remove empty directories under ``root`` (bottom up), and ``root`` if it ends empty."""
-    for path, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
-        with suppress(OSError):  # not empty
-            os.rmdir(path)
-
-
-def clean_everything(app: App) -> dict:
-    """Drop the demo's shard, mod, legacy and control databases and the demo's exports."""
-    exported = remove_demo_exports(app)
-    m = app.router.shardmap
-    dropped = 0
-    for shard in m.shards():
-        dropped += _drop(app, m.master(shard), shard_db(shard))
-    for b in range(m.buckets):
-        dropped += _drop(app, m.mod_master(b), mod_db(b))
-    for dsn in (app.settings.legacy_dsn, app.settings.control_dsn):
-        drop_database(dsn)
-    conn = redis.Redis.from_url(app.settings.redis_url)
-    keys = 0
-    for pattern in ("rq:*", "farm:*", "home:*"):
-        for key in conn.scan_iter(match=pattern, count=1000):
-            keys += conn.delete(key)
-    return {"dropped_databases": dropped + 2, "redis_keys_deleted": keys,
-            "export_files_deleted": exported}
-
-
-def _drop(app: App, host, db: str) -> int:
-    with app.router.connection(host) as conn, conn.cursor() as cur:
-        cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
-    return 1
+        return render()
+    except FarmError as exc:
+        return [f"({what} not shown: {str(exc).splitlines()[0]})"]

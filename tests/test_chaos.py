@@ -46,7 +46,8 @@ def test_migration_survives_chaos(farm_env, settings, router, ledger, server_b, 
     conn = redis.Redis.from_url(settings.redis_url)
     conn.flushdb()
     truncate_target(server_b.port)
-    assert run_farm(env, "legacy", "generate", "--users", "200", "--seed", "23").returncode == 0
+    assert run_farm(env, "legacy", "generate", "--users", "200", "--seed", "23",
+                    "--replace").returncode == 0
     workers = start_workers(env, 2)
     rt = Runtime(settings)
     rng = random.Random(5)

@@ -1,26 +1,41 @@
 """``farm demo`` end to end on a private mariadbd of its own: the whole story runs, reports,
-runs again, and ``--clean`` removes what it made (and nothing else of the destination)."""
+runs again; it refuses data it did not make, says so when a run fails, and ``--clean``
+removes what it made (and nothing else: other databases, files, Redis keys and rq queues)."""
 
 import json
 
 import pymysql
 import pytest
 import redis
+from rq import Queue
+from rq.serializers import JSONSerializer
 
 from tests.conftest import DEMO_REDIS_DB, run_farm
 from tests.servers import PrivateMariaDB
 
 REDIS_URL = f"redis://127.0.0.1:6379/{DEMO_REDIS_DB}"
+SYSTEM = {"mysql", "information_schema", "performance_schema", "sys"}
+
+
+def _id(shard: int, type_: int, local: int) -> int:
+    """A 64-bit ID built by hand (CONTRACTS §4), not with the codec under test."""
+    return (shard << 46) | (type_ << 36) | local
+
+
+INTRUDER = _id(0, 3, 7)        # a user on shard 0 of the demo map, not from the demo's data
+FAR_BOARD = _id(100, 2, 5)     # a board on shard 100: not in the demo map
 
 
 @pytest.fixture(scope="module")
 def demo_env(tmp_path_factory):
-    """A four-shard, 64-bucket map on a private server; control, legacy and Redis of its own."""
+    """A four-shard, 64-bucket map on a private server (two host names for it); control,
+    legacy and Redis of its own."""
     server = PrivateMariaDB.start()
     root = tmp_path_factory.mktemp("demo")
     h = {"host": "127.0.0.1", "port": server.port, "user": "root", "password": ""}
-    doc = {"version": 1, "hosts": {"C1": h},
-           "shards": [{"range": [0, 3], "master": "C1", "slave": "C1"}], "open": [[0, 3]],
+    doc = {"version": 1, "hosts": {"C1": h, "C2": dict(h)},
+           "shards": [{"range": [0, 1], "master": "C1", "slave": "C1"},
+                      {"range": [2, 3], "master": "C2", "slave": "C2"}], "open": [[0, 3]],
            "mod": {"buckets": 64, "ranges": [{"range": [0, 63], "master": "C1",
                                               "slave": "C1"}]}}
     (root / "map.json").write_text(json.dumps(doc))
@@ -34,36 +49,207 @@ def demo_env(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture
+def env(farm_env, demo_env) -> dict[str, str]:
+    """The environment of a ``farm`` subprocess pointed at the private server."""
+    return {**farm_env, **demo_env[0]}
+
+
+def _sql(port: int, *statements: str) -> list[tuple]:
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
+    rows: list[tuple] = []
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+                rows = list(cur.fetchall())
+            return rows
+    finally:
+        conn.close()
+
+
 def _databases(port: int) -> set[str]:
-    conn = pymysql.connect(host="127.0.0.1", port=port, user="root")
-    with conn.cursor() as cur:
-        cur.execute("SHOW DATABASES")
-        names = {r[0] for r in cur.fetchall()}
-    conn.close()
-    return names - {"mysql", "information_schema", "performance_schema", "sys"}
+    return {r[0] for r in _sql(port, "SHOW DATABASES")} - SYSTEM
 
 
-def test_demo_runs_twice_and_cleans_up(farm_env, demo_env):
+def _wipe(port: int) -> None:
+    """Start from an empty private server and an empty Redis database."""
+    _sql(port, *[f"DROP DATABASE `{db}`" for db in _databases(port)])
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def _foreign_shard_rows(env: dict[str, str], port: int) -> None:
+    """Shards of the map holding another data set: a user following a board on shard 100."""
+    out = run_farm(env, "shards", "init")
+    assert out.returncode == 0, out.stderr
+    _sql(port, "INSERT INTO db00000.users (local_id, data) VALUES "
+               "(7, '{\"username\": \"intruder\"}')",
+         "INSERT INTO db00000.user_follows_boards (from_id, to_id, sequence) "
+         f"VALUES ({INTRUDER}, {FAR_BOARD}, 1)",
+         "INSERT INTO db00002.boards (local_id, data) VALUES (3, '{\"name\": \"theirs\"}')")
+
+
+def _one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr
+    return lines[0]
+
+
+def test_demo_refuses_a_legacy_database_it_did_not_make(env, demo_env):
+    _, server, _ = demo_env
+    _wipe(server.port)
+    _sql(server.port, "CREATE DATABASE legacy",
+         "CREATE TABLE legacy.users (id BIGINT UNSIGNED PRIMARY KEY, username VARCHAR(64))",
+         "INSERT INTO legacy.users VALUES (1, 'ann'), (2, 'bob'), (3, 'cy')")
+    out = run_farm(env, "demo", "--users", "150")
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = _one_line(out.stderr)
+    assert f"legacy database 'legacy' on 127.0.0.1:{server.port} holds 3 rows" in line
+    assert "farm demo --clean" in line and "farm demo --force" in line
+    assert _databases(server.port) == {"legacy"}  # nothing made, nothing replaced
+    assert _sql(server.port, "SELECT COUNT(*) FROM legacy.users") == [(3,)]
+    # a data set generated by 'farm legacy generate' is not the demo's either
+    out = run_farm(env, "legacy", "generate", "--users", "20", "--replace")
+    assert out.returncode == 0, out.stderr
+    out = run_farm(env, "demo", "--users", "150")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "made by 'farm legacy generate'" in _one_line(out.stderr)
+
+
+def test_demo_refuses_shards_holding_data_it_did_not_make(env, demo_env):
+    _, server, _ = demo_env
+    _wipe(server.port)
+    _foreign_shard_rows(env, server.port)
+    out = run_farm(env, "demo", "--users", "150")
+    assert out.returncode == 1, out.stdout + out.stderr
+    line = _one_line(out.stderr)
+    assert f"2 shard databases of the map on 127.0.0.1:{server.port} hold 3 rows" in line
+    assert "farm demo --clean" in line and "farm demo --force" in line
+    assert "legacy" not in _databases(server.port)
+    assert _sql(server.port, "SELECT COUNT(*) FROM db00000.user_follows_boards") == [(1,)]
+
+
+def test_forced_demo_into_another_data_set_fails_loudly(env, demo_env):
+    """The repro of issue 12: runs fail (UnknownShardError) and the demo used to exit 0."""
+    _, server, _ = demo_env
+    _wipe(server.port)
+    _foreign_shard_rows(env, server.port)
+    out = run_farm(env, "demo", "--users", "40", "--force", timeout=600)
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    report, last = out.stdout, out.stderr.strip().splitlines()[-1]
+    failed = [line for line in report.splitlines() if line.startswith("  reverse mappings: ")]
+    assert len(failed) == 1, report
+    reverse_run = failed[0].split("run ", 1)[1].split(":", 1)[0]
+    assert reverse_run.startswith("reverse-") and "chunks failed" in failed[0]
+    assert f"farm failed --run {reverse_run}" in report
+    assert "shard 100" in report  # the first reasons, from the ledger
+    assert "home feeds: run feeds-" in report
+    assert "no hot boards" not in report and "hot boards not shown" in report
+    phase = [line for line in report.splitlines() if line.startswith("  reverse mappings ")]
+    assert "FAILED" in phase[0] and "rows/s" not in phase[0]
+    assert last.startswith("farm: error: demo:") and reverse_run in last
+    # a demo forced into someone's data does not make that data its own
+    out = run_farm(env, "demo", "--users", "40")
+    assert out.returncode == 1 and "--force" in _one_line(out.stderr)
+
+
+@pytest.fixture(scope="module")
+def own_demos(farm_env, demo_env) -> list[str]:
+    """The demo on an empty server, then with another --users (its own data: cleaned first),
+    then again with the same (its own data as it is); the reports of the last two."""
     env, server, root = demo_env
     env = {**farm_env, **env}
+    _wipe(server.port)
     keep = root / "exports" / "someone-elses" / "data.txt"  # not the demo's: must survive
-    keep.parent.mkdir(parents=True)
+    keep.parent.mkdir(parents=True, exist_ok=True)
     keep.write_text("keep me")
-    for _ in range(2):
-        out = run_farm(env, "demo", "--users", "150", timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        report = out.stdout
+    reports, notes = [], []
+    for users in ("60", "150", "150"):
+        out = run_farm(env, "demo", "--users", users, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        reports.append(out.stdout)
+        notes.append("another data set: starting from clean" in out.stderr)
+    assert notes == [False, True, False]
+    return reports[1:]
+
+
+def test_demo_runs_again_on_its_own_data(own_demos, demo_env):
+    for report in own_demos:
         assert ": done, 0 failed chunks" in report and "0 mismatches" in report
+        assert "FAILED" not in report
         for phase in ("migrate", "verify", "reverse mappings", "home feeds", "export"):
             assert f"  {phase} " in report, phase
         assert "quarantined rows by reason:" in report and "board page:" in report
         parts = [line for line in report.splitlines() if "/dt=" in line and "parts" in line]
         assert len(parts) == 13 and all(line.endswith("_SUCCESS") for line in parts)
-    assert {"farm_control", "legacy", "db00000", "mod00063"} <= _databases(server.port)
+    assert {"farm_control", "legacy", "db00000", "mod00063"} <= _databases(demo_env[1].port)
+
+
+OTHER_HOME = f"home:{_id(9, 3, 1)}".encode()  # a feed of a user outside the demo's map
+SHARED = {b"rq:queues", b"rq:workers", b"rq:clean_groups"}  # rq's own sets, every app's
+
+
+def _other_application(r: redis.Redis) -> tuple[set[bytes], list[str]]:
+    """Another application's keys in the same Redis database, its jobs enqueued by plain rq."""
+    before = set(r.scan_iter())
+    emails = Queue("emails", connection=r)
+    jobs = [emails.enqueue("smtplib.SMTP", "mail.example.com", job_id=f"mail-{i}")
+            for i in range(3)]
+    failed = emails.enqueue("smtplib.SMTP", job_id="mail-failed")
+    emails.remove(failed)
+    emails.failed_job_registry.add(failed)
+    r.set("app:settings", "keep me")
+    r.rpush(OTHER_HOME, 1)
+    return set(r.scan_iter()) - before, [j.id for j in jobs]
+
+
+def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
+    _, server, root = demo_env
+    r = redis.Redis.from_url(REDIS_URL)
+    _sql(server.port, "CREATE DATABASE other_app")
+    waiting = Queue("farm", connection=r, serializer=JSONSerializer).enqueue(
+        "jobs.chunk.run_chunk", run_id="x", chunk_id=0)
+    farm = set(r.scan_iter()) - SHARED
+    assert [k for k in farm if k.startswith(b"home:")] and waiting.key.encode() in farm
+    other, jobs = _other_application(r)
+    assert {b"app:settings", OTHER_HOME, b"rq:queue:emails"} <= other
+
     out = run_farm(env, "demo", "--clean")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["export_files_deleted"] == 13 * (4 + 2)
-    assert _databases(server.port) == set()
-    assert keep.read_text() == "keep me"
+    assert _databases(server.port) == {"other_app"}
+    assert (root / "exports" / "someone-elses" / "data.txt").read_text() == "keep me"
     assert [p.name for p in (root / "exports").iterdir()] == ["someone-elses"]
-    assert not redis.Redis.from_url(REDIS_URL).keys("rq:*")
+    left = set(r.scan_iter())
+    assert other <= left and r.get("app:settings") == b"keep me"
+    emails = Queue("emails", connection=r)
+    assert emails.job_ids == jobs and all(emails.fetch_job(j) for j in jobs)
+    assert emails.failed_job_registry.get_job_ids() == ["mail-failed"]
+    assert r.smembers("rq:queues") == {b"rq:queue:emails"}
+    assert not left & farm  # every key the demo's farm made is gone
+
+
+def test_verify_mismatches_count_as_a_failure_with_their_first_rows(ledger, settings):
+    """A verify run that found mismatches fails the demo: its report names the run, the first
+    mismatches and the command that shows them all (a real control database)."""
+    from jobs.runtime import Runtime
+    from scripts.demo_report import failure_lines, verify_result
+    from shardfarm.ledger import ChunkSpec, Outcome
+    vid = ledger.create_run("verify", "farm", {"of_run": "migrate-x"}, [ChunkSpec("users", {})])
+    lease = ledger.claim(vid, 0, "test")
+    ledger.record_mismatches(lease, [("users", str(k), "1", f"username differs {k}")
+                                     for k in range(5)])
+    ledger.finish(lease, Outcome(rows_read=5))
+    rt = Runtime(settings)
+    try:
+        result = verify_result(rt, vid, ledger.refresh_status(vid))
+        assert result.status == "done" and result.failed == 0 and not result.ok
+        lines = failure_lines(rt, [result], "migrate-x")
+    finally:
+        rt.close()
+    assert lines[0] == "FAILED: 1 of 1 runs did not end well:"
+    assert f"run {vid}: 5 mismatches" in lines[1]
+    assert [line.strip() for line in lines[2:5]] == [f"users {k} 1: username differs {k}"
+                                                     for k in range(3)]
+    assert lines[-1].strip() == "see them all: farm verify --run migrate-x"

@@ -17,7 +17,7 @@ from loaders.generate import build, classify, generate
 from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
 from shardfarm.db import connect, drop_database
 from shardfarm.dsn import DSN
-from tests.conftest import ROOT, ns_db
+from tests.conftest import ROOT, ns_db, run_farm
 
 DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_gen_test')}")
 USERS, SEED = 1000, 1
@@ -216,12 +216,44 @@ def test_classify_keys_match_report(seeded):
 
 def test_cli_prints_one_json_line():
     result = CliRunner().invoke(_legacy_group(), ["generate", "--users", "40", "--seed", "2",
-                                                  "--legacy-dsn", DSN_TEST.url()])
+                                                  "--replace", "--legacy-dsn", DSN_TEST.url()])
     _state.pop("current", None)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.output.strip().splitlines()[-1])
     assert doc["users"] == 40 and doc["seconds"] >= 0
     assert doc["rows"]["users"] == _query("SELECT COUNT(*) FROM users")[0][0]
+
+
+def _total_rows() -> int:
+    return sum(_query(f"SELECT COUNT(*) FROM `{t}`")[0][0] for t in LEGACY_TABLES)
+
+
+def test_cli_refuses_a_legacy_database_with_rows_unless_replace(seeded, farm_env):
+    env = {**farm_env, "FARM_LEGACY_DSN": DSN_TEST.url()}
+    total, before = _total_rows(), _digest()
+    assert total > 0
+    out = run_farm(env, "legacy", "generate", "--users", "30", "--seed", "9")
+    assert out.returncode == 1 and out.stdout == ""
+    line, = out.stderr.strip().splitlines()
+    assert line.startswith("farm: error: ") and "Traceback" not in out.stderr
+    assert f"database '{DSN_TEST.database}' on 127.0.0.1:3306 holds {total:,} rows" in line
+    assert "--replace" in line
+    assert _digest() == before  # nothing dropped or written
+    out = run_farm(env, "legacy", "generate", "--users", "30", "--seed", "9", "--replace")
+    _state.pop("current", None)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["rows"]["users"] == \
+        _query("SELECT COUNT(*) FROM users")[0][0]
+    assert _digest() != before
+
+
+def test_cli_generates_into_an_empty_database_without_replace(farm_env):
+    env = {**farm_env, "FARM_LEGACY_DSN": DSN_TEST.url()}
+    create_legacy_schema(DSN_TEST, drop=True)  # tables there, but empty
+    _state.pop("current", None)
+    out = run_farm(env, "legacy", "generate", "--users", "30", "--seed", "9")
+    assert out.returncode == 0, out.stderr
+    assert _total_rows() == sum(json.loads(out.stdout.strip().splitlines()[-1])["rows"].values())
 
 
 def _legacy_group():

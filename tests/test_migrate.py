@@ -28,7 +28,8 @@ def migrated(farm_env, settings, router, ledger, server_b, map_path):
     """Generate legacy data, migrate it with two real workers; yield the summary."""
     redis.Redis.from_url(settings.redis_url).flushdb()
     truncate_target(server_b.port)
-    out = run_farm(farm_env, "legacy", "generate", "--users", str(USERS), "--seed", "11")
+    out = run_farm(farm_env, "legacy", "generate", "--users", str(USERS), "--seed", "11",
+                   "--replace")
     assert out.returncode == 0, out.stderr
     generated = last_json(out.stdout)
     workers = start_workers({**farm_env, "FARM_LEASE_SECONDS": "10"}, 2)

@@ -1,0 +1,169 @@
+"""``farm demo --clean``: delete what the demo makes, and nothing else.
+
+- the shard and mod-bucket databases of the demo's shard map, and the legacy and control
+  databases (its settings);
+- the files of the exports the demo ran (never the rest of the destination);
+- in Redis, only the farm's keys: ``farm:*`` (``shardfarm.keys.PREFIX``), the rq queues the
+  farm used (every ``runs.queue`` of the control database, and the default queue) with
+  their jobs, registries and workers, and the home feeds of users whose shard is in the
+  demo's map. Another application's rq queues and jobs, and any other key, stay.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import suppress
+
+import redis
+from rq import Queue, Worker
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.results import Result
+from rq.scheduler import RQScheduler
+from rq.serializers import JSONSerializer
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
+
+from exporters import export as exporter
+from exporters.destinations import FileDestination, open_destination
+from jobs.runs import DEFAULT_QUEUE
+from scripts.app import App
+from scripts.demo_guard import control_runs
+from shardfarm import keys
+from shardfarm.db import drop_database
+from shardfarm.errors import InvalidIdError
+from sharding import ids
+from sharding.schema import mod_db, shard_db
+
+_HOME = keys.home_feed(0)[:-1]  # "home:"
+
+
+def clean_everything(app: App) -> dict:
+    """Drop the demo's databases, delete its exports and the farm's Redis keys; counts."""
+    runs = control_runs(app) or []  # read before the control database goes
+    exported = remove_demo_exports(runs)
+    dropped = drop_demo_databases(app)
+    conn = redis.Redis.from_url(app.settings.redis_url)
+    try:
+        queues = sorted({DEFAULT_QUEUE, *(r["queue"] for r in runs if r["queue"])})
+        deleted = (farm_keys(conn) + sum(rq_queue_keys(conn, q) for q in queues)
+                   + rq_worker_keys(conn, set(queues)) + home_feeds(conn, app))
+    finally:
+        conn.close()
+    return {"dropped_databases": dropped, "redis_keys_deleted": deleted,
+            "export_files_deleted": exported}
+
+
+def drop_demo_databases(app: App) -> int:
+    """Drop every shard and mod database of the map, then the legacy and control databases."""
+    m = app.router.shardmap
+    dropped = 0
+    for shard in m.shards():
+        dropped += _drop(app, m.master(shard), shard_db(shard))
+    for b in range(m.buckets):
+        dropped += _drop(app, m.mod_master(b), mod_db(b))
+    for dsn in (app.settings.legacy_dsn, app.settings.control_dsn):
+        drop_database(dsn)
+    return dropped + 2
+
+
+def _drop(app: App, host, db: str) -> int:
+    with app.router.connection(host) as conn, conn.cursor() as cur:
+        cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
+    return 1
+
+
+def remove_demo_exports(runs: list[dict]) -> int:
+    """Delete the files of every export the demo ran (never the rest of the destination)."""
+    removed = 0
+    for run in runs:
+        p = run["params"]
+        if run["kind"] != "export" or not p.get("demo"):
+            continue
+        dest = open_destination(p["dest"])
+        for table in p["kinds"]:
+            for key in dest.list(exporter.folder_of(table, p["date"])):
+                dest.delete(key)
+                removed += 1
+        if isinstance(dest, FileDestination):
+            _prune_empty(dest.root)
+    return removed
+
+
+def _prune_empty(root) -> None:
+    """Remove empty directories under ``root`` (bottom up), and ``root`` if it ends empty."""
+    for path, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
+        with suppress(OSError):  # not empty
+            os.rmdir(path)
+
+
+def _delete_matching(conn: redis.Redis, pattern: str,
+                     keep: Callable[[str], bool] = lambda key: False) -> int:
+    """Delete the keys matching ``pattern`` (SCAN), except those ``keep`` says to leave."""
+    n = 0
+    for key in conn.scan_iter(match=pattern, count=1000):
+        if not keep(key.decode()):
+            n += conn.delete(key)
+    return n
+
+
+def farm_keys(conn: redis.Redis) -> int:
+    """Delete every key of the farm's own namespace (``farm:*``)."""
+    return _delete_matching(conn, f"{keys.PREFIX}:*")
+
+
+def rq_queue_keys(conn: redis.Redis, name: str) -> int:
+    """Delete one rq queue: its waiting jobs, every registry and the jobs they hold."""
+    q = Queue(name, connection=conn, serializer=JSONSerializer)
+    n = 0
+    for registry in (q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
+                     q.deferred_job_registry, q.scheduled_job_registry,
+                     q.canceled_job_registry, q.ready_job_registry):
+        for job_id in registry.get_job_ids(cleanup=False):
+            n += _delete_job(conn, job_id)
+        n += conn.delete(registry.key)
+    n += q.count
+    q.delete(delete_jobs=True)
+    n += conn.delete(q.intermediate_queue_key, q.registry_cleaning_key,
+                     RQScheduler.get_locking_key(name))
+    return n
+
+
+def _delete_job(conn: redis.Redis, job_id: str) -> int:
+    """Delete one job and what rq keeps beside it (results, executions, dependents)."""
+    try:
+        Job.fetch(job_id, connection=conn, serializer=JSONSerializer).delete()
+        return 1
+    except (NoSuchJobError, ValueError, TypeError, AttributeError):
+        key = Job.key_for(job_id)  # not readable as a job: delete its keys as they are
+        return conn.delete(key, f"{key}:dependents", f"{key}:dependencies",
+                           Result.get_key(job_id))
+
+
+def rq_worker_keys(conn: redis.Redis, queues: set[str]) -> int:
+    """Delete the registrations of rq workers that listen only to the farm's queues."""
+    n = 0
+    prefix = Worker.redis_worker_namespace_prefix
+    for key in conn.scan_iter(match=prefix + "*", count=1000):
+        listens = {q for q in (conn.hget(key, "queues") or b"").decode().split(",") if q}
+        if listens and listens <= queues:
+            n += conn.delete(key)
+            conn.srem(REDIS_WORKER_KEYS, key)
+            for q in listens:
+                conn.srem(WORKERS_BY_QUEUE_KEY % q, key)
+    return n
+
+
+def home_feeds(conn: redis.Redis, app: App) -> int:
+    """Delete the home feeds (and half-built ones) of users whose shard is in the map."""
+    shards = set(app.router.shardmap.shards())
+
+    def not_ours(key: str) -> bool:
+        user = key[len(_HOME):].split(":", 1)[0]
+        try:
+            decoded = ids.decode(int(user))
+        except (ValueError, InvalidIdError):
+            return True
+        return decoded.type_name != "user" or decoded.shard not in shards
+
+    return _delete_matching(conn, _HOME + "*", keep=not_ours)
