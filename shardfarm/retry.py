@@ -48,7 +48,9 @@ class RetryPolicy:
             stop=(stop_after_attempt(self.attempts) | stop_after_delay(self.max_seconds)
                   | _unreachable_past(budget)),
             wait=wait_random_exponential(multiplier=self.base, max=self.max_wait),
-            before_sleep=before_sleep_log(log, logging.WARNING),
+            # INFO: a retry that works is routine, and one that does not ends in one error
+            # line of its own (a command's stderr is not a log of every attempt)
+            before_sleep=before_sleep_log(log, logging.INFO),
             reraise=True,
         )
 
