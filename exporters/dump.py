@@ -17,9 +17,9 @@ from typing import TypeVar
 import pymysql
 import pymysql.cursors
 
-from shardfarm.errors import ConfigError, FatalError
+from shardfarm.errors import FatalError, UsageError
+from shardfarm.mysqlconn import Where, open_connection, refused_infile, translate
 from sharding import ids
-from sharding.pool import translate
 from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
 from sharding.shardmap import Host
 
@@ -75,8 +75,8 @@ def check_tables(tables: list[str]) -> list[str]:
     tables = tables or list(EXPORT_TABLES)
     unknown = [t for t in tables if t not in EXPORT_TABLES]
     if unknown:
-        raise ConfigError(f"cannot export {', '.join(unknown)} "
-                          f"(known: {', '.join(EXPORT_TABLES)})")
+        names = ", ".join(repr(t)[1:-1][:64] for t in unknown)
+        raise UsageError(f"cannot export {names} (known: {', '.join(EXPORT_TABLES)})")
     return list(dict.fromkeys(tables))
 
 
@@ -87,13 +87,9 @@ def snapshot(host: Host, shard: int) -> Iterator[pymysql.Connection]:
     Text comes back as raw bytes (``use_unicode=False``): the stored UTF-8 is
     written out as it is.
     """
-    try:
-        conn = pymysql.connect(host=host.host, port=host.port, user=host.user,
-                               password=host.password, charset="utf8mb4", use_unicode=False,
-                               autocommit=True, connect_timeout=5,
-                               read_timeout=NET_WRITE_TIMEOUT)  # a stalled server: retry
-    except (pymysql.MySQLError, OSError) as exc:
-        raise translate(exc, host.name, shard) from None
+    where = Where(host.name, host.host, host.port, host.user)
+    conn = open_connection(where, host.password, tls=host.tls_args(), use_unicode=False,
+                           autocommit=True, read_timeout=NET_WRITE_TIMEOUT)  # stalled: retry
     try:
         with conn.cursor() as cur:
             cur.execute(f"SET SESSION net_write_timeout = {NET_WRITE_TIMEOUT}")
@@ -103,7 +99,11 @@ def snapshot(host: Host, shard: int) -> Iterator[pymysql.Connection]:
         with conn.cursor() as cur:
             cur.execute("COMMIT")
     except pymysql.MySQLError as exc:
-        raise translate(exc, host.name, shard) from None
+        raise translate(exc, where, shard) from None
+    except RuntimeError as exc:
+        if refused_infile(exc):  # the server asked for a local file: never sent
+            raise translate(exc, where, shard) from None
+        raise
     finally:
         with suppress(Exception):
             conn.close()

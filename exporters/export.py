@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from exporters import dump, formats
 from exporters.destinations import Destination, open_destination
 from shardfarm.context import ChunkContext
-from shardfarm.errors import ConfigError, RetryableError
+from shardfarm.errors import RetryableError, UsageError
 from shardfarm.ledger import ChunkSpec, Ledger, Outcome
 from shardfarm.retry import TRANSIENT
 from sharding.router import Router
@@ -47,7 +47,7 @@ def check_date(text: str) -> str:
             raise ValueError(text)
         return dt.date.fromisoformat(text).isoformat()
     except ValueError:
-        raise ConfigError(f"bad export date {text!r} (expected YYYY-MM-DD)") from None
+        raise UsageError(f"bad export date {text!r} (expected YYYY-MM-DD)") from None
 
 
 def folder_of(table: str, date: str) -> str:
@@ -68,7 +68,7 @@ def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = No
     tables = dump.check_tables(list(tables or []))
     fmt = formats.check_format(fmt)
     if role not in ROLES:
-        raise ConfigError(f"bad --from {role!r} (expected master or slave)")
+        raise UsageError(f"bad --from {role!r} (expected master or slave)")
     dest = open_destination(dest_url)
     dest.check()
     chunks = [ChunkSpec(t, {"table": t, "shard": s})

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from shardfarm import keys
 from shardfarm.context import ChunkContext
-from shardfarm.errors import ConfigError, InvalidIdError
+from shardfarm.errors import ConfigError, InvalidIdError, UsageError
 from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import ids
 from sharding.router import Router
@@ -84,9 +84,9 @@ def plan(router: Router, chunk_users: int = DEFAULT_CHUNK_USERS, length: int = D
          users: Iterable[int] | None = None) -> tuple[dict, list[ChunkSpec]]:
     """Run parameters and chunks: one chunk of ``users``, or user ranges of every shard."""
     if chunk_users < 1:
-        raise ConfigError(f"--chunk-size must be at least 1, got {chunk_users}")
+        raise UsageError(f"--chunk-size must be at least 1, got {chunk_users}")
     if not 1 <= length <= MAX_LENGTH:
-        raise ConfigError(f"--length must be in 1..{MAX_LENGTH}, got {length}")
+        raise UsageError(f"--length must be in 1..{MAX_LENGTH}, got {length}")
     params = {"length": length, "chunk_users": chunk_users, "kinds": [KIND]}
     if users is not None:
         return params, [ChunkSpec(KIND, {"users": check_user_ids(users)})]

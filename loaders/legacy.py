@@ -12,10 +12,10 @@ import pymysql
 import pymysql.cursors
 
 from loaders.spec import LegacyTable
-from shardfarm.db import connect
+from shardfarm.db import connect, where
 from shardfarm.dsn import DSN
+from shardfarm.mysqlconn import refused_infile, translate
 from shardfarm.retry import TRANSIENT
-from sharding.pool import translate
 
 SMALL_LIMIT = 1 << 36
 SIGNED_LIMIT = 1 << 63
@@ -48,7 +48,12 @@ class LegacyReader:
                     return list(cur.fetchall())
             except pymysql.MySQLError as exc:
                 self.close()
-                raise translate(exc, f"legacy {self.dsn.host}:{self.dsn.port}", None) from None
+                raise translate(exc, where(self.dsn)) from None
+            except RuntimeError as exc:
+                self.close()
+                if refused_infile(exc):  # a server asking for a local file: refused
+                    raise translate(exc, where(self.dsn)) from None
+                raise
         return TRANSIENT.call(attempt)
 
     def close(self) -> None:
@@ -71,6 +76,8 @@ class LegacyReader:
                 cur.execute(f"SELECT `{col}`, COUNT(*) FROM `{table.name}` GROUP BY `{col}` "
                             f"ORDER BY `{col}`")
                 yield from cut_ranges(cur, chunk_rows)
+        except pymysql.MySQLError as exc:
+            raise translate(exc, where(self.dsn)) from None
         finally:
             conn.close()
 

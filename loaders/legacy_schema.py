@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pymysql
 
-from shardfarm.db import connect, ensure_database
+from shardfarm.db import connect, ensure_database, where
 from shardfarm.dsn import DSN
-from sharding.pool import translate
+from shardfarm.mysqlconn import translate
 
 _OPTIONS = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
 
@@ -75,6 +75,6 @@ def create_legacy_schema(dsn: DSN, drop: bool = False) -> None:
                     cur.execute(f"DROP TABLE IF EXISTS `{table}`")
                 cur.execute(f"{ddl} {_OPTIONS}")
     except pymysql.MySQLError as exc:
-        raise translate(exc, f"{dsn.host}:{dsn.port}", None) from None
+        raise translate(exc, where(dsn)) from None
     finally:
         conn.close()

@@ -1,4 +1,11 @@
-"""Writing the synthetic legacy data set with LOAD DATA LOCAL INFILE (see ``generate``)."""
+"""Writing the synthetic legacy data set with LOAD DATA LOCAL INFILE (see ``generate``).
+
+The generator writes into a database the operator chose to fill with synthetic
+data, so it keeps LOAD DATA's speed on one dedicated connection opened with
+``infile=True`` for these loads only; every connection that reads the legacy
+database (``loaders.legacy``) is opened without it, so a legacy server can never
+read a worker's files.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +20,10 @@ from typing import TYPE_CHECKING
 import pymysql
 
 from loaders.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
-from shardfarm.db import connect
+from shardfarm.db import connect, where
 from shardfarm.dsn import DSN
 from shardfarm.errors import DatabaseError
-from sharding.pool import translate
+from shardfarm.mysqlconn import translate
 
 if TYPE_CHECKING:
     from loaders.generate import LegacyData
@@ -62,7 +69,7 @@ def write(dsn: DSN, data: LegacyData, progress: Callable[[int], object] | None =
     One thread loads a file while the caller's thread writes the next one.
     """
     create_legacy_schema(dsn, drop=True)
-    conn = connect(dsn)
+    conn = connect(dsn, infile=True)  # only for the files this function writes and names
     try:
         with conn.cursor() as cur, tempfile.TemporaryDirectory(prefix="legacy-") as tmp, \
                 ThreadPoolExecutor(1, thread_name_prefix="legacy-load") as loader:
@@ -79,7 +86,7 @@ def write(dsn: DSN, data: LegacyData, progress: Callable[[int], object] | None =
             if pending:
                 pending.result()
     except pymysql.MySQLError as exc:
-        raise translate(exc, f"{dsn.host}:{dsn.port}", None) from None
+        raise translate(exc, where(dsn)) from None
     finally:
         conn.close()
 

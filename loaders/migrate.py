@@ -19,7 +19,7 @@ from loaders.resolve import Resolver, Verdict, Verdicts, user_placement
 from loaders.spec import ORDER, SPEC, legacy_key
 from loaders.writer import write_all
 from shardfarm.context import ChunkContext
-from shardfarm.errors import ConfigError
+from shardfarm.errors import ConfigError, UsageError
 from shardfarm.ledger import ChunkSpec, Ledger, Outcome
 from shardfarm.settings import Settings
 from sharding.router import Router
@@ -35,7 +35,7 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
          chunk_rows: int = DEFAULT_CHUNK_ROWS) -> tuple[dict, list[ChunkSpec]]:
     """Run parameters and chunks of a migration of the whole legacy database."""
     if chunk_rows < 1:
-        raise ConfigError(f"--chunk-size must be at least 1, got {chunk_rows}")
+        raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
     reader = LegacyReader(settings.legacy_dsn)
     try:
         floors = {t: reader.max_small_id(SPEC[t]) for t in ORDER if SPEC[t].is_object}

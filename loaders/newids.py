@@ -118,7 +118,8 @@ class NewIds:
                 mine[key] = ids.encode(shard, key[0], local)
         won: dict[tuple[int, int], int] = {}
         for run in self._by_bucket(mine):
-            won.update(self.router.run_mod(run[0][0], partial(_claim, run, mine)))
+            won.update(self.router.run_mod(run[0][0], partial(_claim, run, mine),
+                                             multi=True))
         lost: dict[tuple[int, str], list[int]] = defaultdict(list)
         for key, new in mine.items():
             if won[key] != new:

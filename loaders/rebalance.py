@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from shardfarm.context import ChunkContext
-from shardfarm.errors import ConfigError
+from shardfarm.errors import UsageError
 from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import fencing, ids
 from sharding.hotspot import FOLLOWERS, Directory, Entry, choose_shards, follower_shard
@@ -43,12 +43,12 @@ def hot_boards(router: Router, threshold: int) -> list[tuple[int, int]]:
 def plan(router: Router, table: str, threshold: int, spread: int) -> tuple[dict, list[ChunkSpec]]:
     """One chunk per hot board not yet fully rebalanced."""
     if table not in TABLES:
-        raise ConfigError(f"cannot rebalance {table!r}; supported: {', '.join(TABLES)}")
+        raise UsageError(f"cannot rebalance {table[:64]!r}; supported: {', '.join(TABLES)}")
     if threshold < 1 or spread < 2:
-        raise ConfigError("--threshold must be >= 1 and --spread >= 2")
+        raise UsageError("--threshold must be >= 1 and --spread >= 2")
     if spread >= router.shardmap.shard_count():
-        raise ConfigError(f"--spread {spread} needs more shards than the map's "
-                          f"{router.shardmap.shard_count()}")
+        raise UsageError(f"--spread {spread} needs more shards than the map's "
+                         f"{router.shardmap.shard_count()}")
     boards = hot_boards(router, threshold)
     done = Directory(router).get_many([b for b, _ in boards])
     chunks = [ChunkSpec(table, {"board": b, "spread": spread}) for b, _ in boards

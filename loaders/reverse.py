@@ -16,7 +16,7 @@ from loaders.build import TargetRows
 from loaders.legacy import cut_ranges
 from loaders.writer import write_shards
 from shardfarm.context import ChunkContext
-from shardfarm.errors import ConfigError
+from shardfarm.errors import UsageError
 from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import ids
 from sharding.hotspot import FOLLOWERS, Directory, Entry, follower_shard
@@ -34,8 +34,8 @@ def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
     tables = tables or list(REVERSES)
     unknown = [t for t in tables if t not in REVERSES]
     if unknown:
-        raise ConfigError(f"not a reverse table: {', '.join(unknown)} "
-                          f"(known: {', '.join(REVERSES)})")
+        names = ", ".join(repr(t)[1:-1][:64] for t in unknown)
+        raise UsageError(f"not a reverse table: {names} (known: {', '.join(REVERSES)})")
     chunks = [ChunkSpec(t, {"table": t, "shard": s, "lo": lo, "hi": hi})
               for t in tables for s in router.shardmap.shards()
               for lo, hi in _ranges(router, REVERSES[t], s, chunk_rows)]

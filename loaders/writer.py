@@ -2,10 +2,12 @@
 
 Shard tables are written with ``LOAD DATA LOCAL INFILE … REPLACE`` in primary-key
 order, after the chunk's fencing token is checked on that shard, in one
-transaction: running it twice leaves the same rows. Mod-bucket rows (a few per
-bucket, thousands of buckets) are idempotent upserts sent to each mod server as
-multi-statement round trips of ``MOD_TX_STATEMENTS`` statements, each round trip
-one transaction. Measured on MariaDB 10.11 with durable commits, per statement:
+transaction, on connections allowed ``LOCAL INFILE`` (no other connection is):
+running it twice leaves the same rows. Mod-bucket rows (a few per bucket,
+thousands of buckets) are idempotent upserts sent to each mod server as
+multi-statement round trips of ``MOD_TX_STATEMENTS`` statements, on connections
+allowed multi-statements, each round trip one transaction. Measured on MariaDB
+10.11 with durable commits, per statement:
 autocommit ~260-500 us (a log flush each), 64 per transaction ~100 us, 4,096 per
 transaction ~250 us (InnoDB slows with thousands of tables in one transaction).
 """
@@ -96,7 +98,7 @@ def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
             fencing.check(cur, shard, token)
             for table, kind, items in groups:
                 _load(cur, shard_table(shard, table), kind, items)
-        router.run(shard, tx)
+        router.run(shard, tx, infile=True)  # the only connections that send files
     _parallel([(one, shard, groups) for shard, groups in sorted(per_shard.items())], threads)
 
 
@@ -139,7 +141,7 @@ def write_mod(router: Router, rows: TargetRows) -> None:
         per_server[m.mod_master(bucket).server].append((bucket, table, items))
     for groups in per_server.values():
         for part in _by_statements(groups, MOD_TX_STATEMENTS):
-            router.run_mod(part[0][0], partial(_upsert_lookups, part))
+            router.run_mod(part[0][0], partial(_upsert_lookups, part), multi=True)
 
 
 def _by_statements(groups: list[tuple[int, str, list]], limit: int) -> list[list[tuple]]:

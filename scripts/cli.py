@@ -1,4 +1,6 @@
-"""``farm``: one command for the whole farm. Every error is one line and a non-zero exit."""
+"""``farm``: one command for the whole farm. Every error is one line and a non-zero exit:
+2 for a usage mistake (a bad flag, option value, date, table, cron expression or ID),
+1 for everything else."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import click
 import redis
 
 from shardfarm import log
-from shardfarm.errors import FarmError, InvalidIdError
+from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
 ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
          "followers", "feeds", "export", "cron", "workers", "scale", "status", "resume", "pause",
@@ -28,7 +30,7 @@ class FarmGroup(click.Group):
         """Run the command; a ``FarmError`` or Redis error becomes one line and an exit code."""
         try:
             return super().invoke(ctx)
-        except InvalidIdError as exc:
+        except (UsageError, InvalidIdError) as exc:
             click.echo(f"farm: error: {exc}", err=True)
             sys.exit(2)
         except FarmError as exc:

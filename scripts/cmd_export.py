@@ -7,6 +7,7 @@ import threading
 
 import click
 
+from exporters import dump
 from exporters import export as exporter
 from jobs import runs
 from scripts.app import App
@@ -49,6 +50,8 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
     and then _SUCCESS are written. Running it again for the same date skips
     intact parts (unless --force).
     """
+    exporter.check_date(date)  # usage mistakes first, before any server is asked
+    dump.check_tables(_tables(tables))
     preflight(app)
     params, chunks = exporter.plan(app.router, date, dest or app.settings.export_url,
                                    _tables(tables), fmt, role, force)
@@ -80,6 +83,7 @@ def cron(app: App, at: str, once: bool, name: str, dest: str | None, tables: str
     JSON line per export started.
     """
     scheduler.check_expression(at)
+    dump.check_tables(_tables(tables))
     preflight(app)
     export_args = {"dest": dest, "tables": _tables(tables), "from": role, "format": fmt}
     s = scheduler.Scheduler(app.runtime, name=name, at=at, export_args=export_args)

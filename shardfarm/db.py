@@ -1,22 +1,29 @@
-"""Plain connections to the single-server databases: control and legacy (not the shards)."""
+"""Plain connections to the single-server databases: control and legacy (not the shards).
+
+They never allow ``LOAD DATA LOCAL INFILE`` nor multi-statements unless the caller
+asks (``infile=True``: only the synthetic legacy generator, which loads files it
+wrote itself); see ``shardfarm.mysqlconn``.
+"""
 
 from __future__ import annotations
 
 import pymysql
 
 from shardfarm.dsn import DSN
-from sharding.pool import translate
+from shardfarm.mysqlconn import Where, open_connection, translate
 
 
-def connect(dsn: DSN, *, database: bool = True, **extra: object) -> pymysql.Connection:
-    """Connect to ``dsn`` (utf8mb4, autocommit); errors name the server, never the password."""
-    try:
-        return pymysql.connect(charset="utf8mb4", autocommit=True, connect_timeout=5,
-                               local_infile=True,
-                               database=dsn.database if database else None,
-                               **dsn.connect_args(), **extra)
-    except pymysql.MySQLError as exc:
-        raise translate(exc, f"{dsn.host}:{dsn.port}", None) from None
+def where(dsn: DSN, database: bool = True) -> Where:
+    """How errors name this DSN's connection: ``legacy (root@h:3306/legacy)``."""
+    return Where(dsn.name, dsn.host, dsn.port, dsn.user, dsn.database if database else None)
+
+
+def connect(dsn: DSN, *, database: bool = True, infile: bool = False,
+            **extra: object) -> pymysql.Connection:
+    """Connect to ``dsn`` (utf8mb4, autocommit, TLS as the DSN says) within
+    FARM_CONNECT_TIMEOUT; errors name the connection, never the password."""
+    return open_connection(where(dsn, database), dsn.password, tls=dsn.tls_args(),
+                           infile=infile, autocommit=True, **extra)
 
 
 def _on_server(dsn: DSN, sql: str) -> None:
@@ -25,6 +32,8 @@ def _on_server(dsn: DSN, sql: str) -> None:
     try:
         with conn.cursor() as cur:
             cur.execute(sql)
+    except pymysql.MySQLError as exc:
+        raise translate(exc, where(dsn, False)) from None
     finally:
         conn.close()
 

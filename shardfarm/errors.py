@@ -25,6 +25,11 @@ class ConfigError(FatalError):
     """An operator mistake in configuration: bad DSN, bad URL, bad shard map."""
 
 
+class UsageError(ConfigError):
+    """An operator mistake on the command line: a bad flag value, date, table name, cron
+    expression or ID. The ``farm`` CLI exits 2 for it (1 for every other error)."""
+
+
 class ShardMapError(ConfigError):
     """The shard map is malformed or inconsistent; the message names the entry."""
 

@@ -6,6 +6,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import redis
 
 from shardfarm.dsn import DSN, _redact
 from shardfarm.errors import ConfigError
@@ -16,7 +19,9 @@ DEFAULTS = {
     "FARM_LEGACY_DSN": "mysql://root@127.0.0.1:3306/legacy",
     "FARM_SHARDMAP": "",
     "FARM_EXPORT_URL": "",
+    "FARM_CONNECT_TIMEOUT": "10",
 }
+MAX_CONNECT_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,7 @@ class Settings:
     legacy_dsn: DSN
     shardmap_path: Path | None
     export_url: str
+    connect_timeout: float = 10.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: str | None) -> Settings:
@@ -39,10 +45,11 @@ class Settings:
                 raw[key] = value
         return cls(
             redis_url=_redis_url(raw["FARM_REDIS_URL"]),
-            control_dsn=DSN.parse(raw["FARM_CONTROL_DSN"], what="FARM_CONTROL_DSN"),
+            control_dsn=_control_dsn(raw["FARM_CONTROL_DSN"]),
             legacy_dsn=DSN.parse(raw["FARM_LEGACY_DSN"], what="FARM_LEGACY_DSN"),
             shardmap_path=Path(raw["FARM_SHARDMAP"]).resolve() if raw["FARM_SHARDMAP"] else None,
             export_url=_export_url(raw["FARM_EXPORT_URL"]),
+            connect_timeout=_seconds(raw["FARM_CONNECT_TIMEOUT"]),
         )
 
     def with_(self, **changes: object) -> Settings:
@@ -60,13 +67,65 @@ class Settings:
             "legacy": str(self.legacy_dsn),
             "shardmap": str(self.shardmap_path or "(built-in demo map)"),
             "export": self.export_url,
+            "connect_timeout": f"{self.connect_timeout:g} s",
         }
 
 
+def _control_dsn(text: str) -> DSN:
+    dsn = DSN.parse(text, what="FARM_CONTROL_DSN")
+    if dsn.tls:  # the ledger's pool does not pass TLS arguments yet: refuse, never downgrade
+        raise ConfigError(f"bad FARM_CONTROL_DSN: {dsn} (TLS parameters are not supported on "
+                          "the control database yet; use them on FARM_LEGACY_DSN)")
+    return dsn
+
+
+def connect_timeout(env: Mapping[str, str] | None = None) -> float:
+    """``FARM_CONNECT_TIMEOUT`` (default 10): seconds a command waits for a server to answer
+    before it gives up, in total, retries included."""
+    env = os.environ if env is None else env
+    return _seconds(env.get("FARM_CONNECT_TIMEOUT") or DEFAULTS["FARM_CONNECT_TIMEOUT"])
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_CONNECT_TIMEOUT:  # also refuses nan
+        raise ConfigError(f"bad FARM_CONNECT_TIMEOUT: {text[:40]!r} (expected seconds, "
+                          f"more than 0 and at most {MAX_CONNECT_TIMEOUT:g})")
+    return value
+
+
 def _redis_url(url: str) -> str:
+    """The URL if redis-py itself accepts it (so what passes here also connects)."""
+    def bad(why: str) -> ConfigError:
+        password = _password_of(url)
+        if password:
+            why = why.replace(password, "***")
+        return ConfigError(f"bad FARM_REDIS_URL: {_redact(url)} ({why})")
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"bad FARM_REDIS_URL: {_redact(url)} (expected redis://host:port/db)")
+        raise bad("expected redis://[:password@]host:port/db, rediss://… or unix://path")
+    try:
+        pool = redis.ConnectionPool.from_url(url)
+        pool.connection_class(**pool.connection_kwargs)  # unknown options fail here; no I/O
+    except (ValueError, TypeError, redis.RedisError) as exc:
+        raise bad(" ".join(str(exc).split())[:200] or type(exc).__name__) from None
+    if url.startswith("unix://"):
+        return url
+    parts = urlsplit(url)
+    if parts.port == 0:
+        raise bad("port 0")
+    if parts.path.strip("/") and not parts.path.strip("/").isdigit():
+        raise bad(f"the database must be a number, got {parts.path.strip('/')[:20]!r}")
     return url
+
+
+def _password_of(url: str) -> str:
+    try:
+        return urlsplit(url).password or ""
+    except ValueError:
+        return ""
 
 
 def _export_url(url: str) -> str:

@@ -1,93 +1,68 @@
-"""Connection pools: one per physical MySQL server (not per shard), in one place.
+"""Connection pools: one per physical MySQL server and capability set, in one place.
 
-Connections are utf8mb4, autocommit by default (transactions are explicit) and
-allowed ``LOAD DATA LOCAL INFILE``. Each session has a short ``wait_timeout``
-(``IDLE_TIMEOUT``): a worker frozen or cut off in the middle of a transaction
-has it rolled back by the server within that time, so the row locks it held
-(its chunk's fence row, the rows it was writing) do not block the worker that
-took its chunk over. The pool never hands out a connection idle that long.
-PyMySQL errors are translated into the ``FarmError`` tree here, naming host and
-shard but never bind values.
+Connections are utf8mb4 and autocommit by default (transactions are explicit).
+They are plain unless the pool is asked for a capability: ``infile`` (``LOAD DATA
+LOCAL INFILE``, for the shard writer) or ``multi`` (multi-statements, for the mod
+writer's round trips); a server can never read a file through any other
+connection. Each session has a short ``wait_timeout`` (``IDLE_TIMEOUT``): a worker
+frozen or cut off in the middle of a transaction has it rolled back by the server
+within that time, so the row locks it held (its chunk's fence row, the rows it was
+writing) do not block the worker that took its chunk over. The pool never hands
+out a connection idle that long. PyMySQL errors are translated into the
+``FarmError`` tree (``shardfarm.mysqlconn``), naming the host, its server and the
+shard but never bind values or passwords.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 import pymysql
-from pymysql.constants import CLIENT, SERVER_STATUS
+from pymysql.constants import SERVER_STATUS
 
-from shardfarm.errors import (
-    FarmError,
-    PermanentDatabaseError,
-    TransientDatabaseError,
-    UnreachableError,
+from shardfarm.mysqlconn import (  # noqa: F401 - translate and the codes are used from here
+    TRANSIENT_CODES,
+    UNREACHABLE_CODES,
+    Where,
+    open_connection,
+    refused_infile,
+    translate,
 )
 from sharding.shardmap import Host
 
 log = logging.getLogger(__name__)
 
-# 2006 gone away, 2013 lost connection, 1213 deadlock, 1205 lock wait timeout,
-# 1927 connection killed, 1053 server shutdown, 4031 idle disconnect, 2014 out of sync.
-TRANSIENT_CODES = frozenset({2006, 2013, 1213, 1205, 1927, 1053, 4031, 2014, 2055, 1040})
-UNREACHABLE_CODES = frozenset({2002, 2003})
 IDLE_TIMEOUT = 30  # seconds; a session's idle limit on the server (see the module docstring)
 CONNECTION_LOST = frozenset({2006, 2013, 1927, 1053, 4031, 2014, 2055})
-
-
-def _scrub(message: str) -> str:
-    """Drop quoted values from a server message (``Duplicate entry 'x'`` -> ``'?'``)."""
-    return re.sub(r"'(?:[^'\\]|\\.)*'", "'?'", message)[:300]
-
-
-def translate(exc: BaseException, host: str, shard: int | None) -> FarmError:
-    """Map a PyMySQL/OS error to a transient, unreachable or plain ``DatabaseError``."""
-    if isinstance(exc, FarmError):
-        return exc
-    code = exc.args[0] if exc.args and isinstance(exc.args[0], int) else None
-    text = str(exc.args[1]) if len(exc.args) > 1 else type(exc).__name__
-    where = f"{host}" + (f" (shard {shard})" if shard is not None else "")
-    if code in UNREACHABLE_CODES or isinstance(exc, (ConnectionError, TimeoutError)):
-        return UnreachableError(f"cannot reach MySQL {where}: error {code}", host=host,
-                                shard=shard, code=code)
-    msg = f"MySQL error {code} on {where}: {_scrub(text)}"
-    if code in TRANSIENT_CODES or isinstance(exc, pymysql.err.InterfaceError):
-        return TransientDatabaseError(msg, host=host, shard=shard, code=code)
-    return PermanentDatabaseError(msg, host=host, shard=shard, code=code)
 
 
 class Pool:
     """A bounded LIFO pool of connections to one server; safe across threads, reset after fork."""
 
-    def __init__(self, host: Host, size: int = 16, connect_timeout: float = 5.0,
-                 database: str | None = None) -> None:
+    def __init__(self, host: Host, size: int = 16, connect_timeout: float | None = None,
+                 database: str | None = None, *, infile: bool = False,
+                 multi: bool = False) -> None:
         self.host = host
         self.database = database
         self.size = size
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout  # None: FARM_CONNECT_TIMEOUT
+        self.infile, self.multi = infile, multi
+        self.where = Where(host.name, host.host, host.port, host.user, database)
         self._idle: list[tuple[pymysql.Connection, float]] = []  # (connection, idle since)
         self._lock = threading.Lock()
         self._sem = threading.BoundedSemaphore(size)
         self._pid = os.getpid()
 
     def _connect(self) -> pymysql.Connection:
-        try:
-            return pymysql.connect(
-                host=self.host.host, port=self.host.port, user=self.host.user,
-                password=self.host.password, database=self.database,
-                charset="utf8mb4", autocommit=True,
-                local_infile=True, connect_timeout=self.connect_timeout,
-                client_flag=CLIENT.MULTI_STATEMENTS,
-                init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}",
-            )
-        except (pymysql.MySQLError, OSError) as exc:
-            raise translate(exc, self.host.name, None) from None
+        return open_connection(self.where, self.host.password, tls=self.host.tls_args(),
+                               infile=self.infile, multi=self.multi,
+                               timeout=self.connect_timeout, autocommit=True,
+                               init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}")
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
@@ -111,7 +86,12 @@ class Pool:
                 _close_quietly(conn)  # maybe mid-transaction or mid-result: never reused
                 if _lost(exc):  # the server went away or killed us: the idle ones died too
                     self.close()
-                raise translate(exc, self.host.name, shard) from None
+                raise translate(exc, self.where, shard) from None
+            except RuntimeError as exc:
+                _close_quietly(conn)
+                if refused_infile(exc):  # PyMySQL refused a server's LOAD DATA LOCAL request
+                    raise translate(exc, self.where, shard) from None
+                raise
             except BaseException:
                 _close_quietly(conn)  # unknown state (e.g. half-read result): do not reuse
                 raise

@@ -2,7 +2,12 @@
 
 ``Router.run(shard, fn)`` is the unit of work: ``fn(cursor)`` runs inside one
 explicit transaction on the shard's master and the whole transaction is retried
-on transient errors (gone away, deadlock, lock wait, refused connection).
+on transient errors (gone away, deadlock, lock wait, refused connection; an
+unreachable server only within FARM_CONNECT_TIMEOUT).
+
+Connections are plain by default. A caller that needs a capability asks for it
+and gets a connection from a separate pool: ``infile=True`` for ``LOAD DATA LOCAL
+INFILE`` (the shard writer), ``multi=True`` for multi-statements (the mod writer).
 """
 
 from __future__ import annotations
@@ -44,26 +49,30 @@ class Router:
         m = self.shardmap
         return m.master(shard) if role == "master" else m.slave(shard)
 
-    def pool(self, host: Host) -> Pool:
-        """The pool of the physical server behind ``host`` (created on first use)."""
-        key = (*host.server, host.password)
+    def pool(self, host: Host, *, infile: bool = False, multi: bool = False) -> Pool:
+        """The pool of the physical server behind ``host`` with these capabilities (created
+        on first use): ``infile`` allows LOAD DATA LOCAL INFILE, ``multi`` multi-statements."""
+        key = (*host.server, host.password, host.tls, infile, multi)
         with self._lock:
             pool = self._pools.get(key)
             if pool is None:
-                pool = self._pools[key] = Pool(host, size=self.pool_size)
+                pool = self._pools[key] = Pool(host, size=self.pool_size, infile=infile,
+                                               multi=multi)
             return pool
 
     @contextmanager
-    def connection(self, host: Host, shard: int | None = None) -> Iterator[pymysql.Connection]:
-        """A pooled autocommit connection to ``host``."""
-        with self.pool(host).connection(shard) as conn:
+    def connection(self, host: Host, shard: int | None = None, *, infile: bool = False,
+                   multi: bool = False) -> Iterator[pymysql.Connection]:
+        """A pooled autocommit connection to ``host`` (plain unless a capability is asked)."""
+        with self.pool(host, infile=infile, multi=multi).connection(shard) as conn:
             yield conn
 
     @contextmanager
     def transaction(self, host: Host, shard: int | None = None,
-                    cursor: type = pymysql.cursors.Cursor) -> Iterator[pymysql.cursors.Cursor]:
+                    cursor: type = pymysql.cursors.Cursor, *, infile: bool = False,
+                    multi: bool = False) -> Iterator[pymysql.cursors.Cursor]:
         """One explicit transaction: committed on success, rolled back on any error."""
-        with self.connection(host, shard) as conn:
+        with self.connection(host, shard, infile=infile, multi=multi) as conn:
             conn.begin()
             try:
                 with conn.cursor(cursor) as cur:
@@ -83,22 +92,25 @@ class Router:
         return (policy or self.policy).call(attempt)
 
     def run(self, shard: int, fn: Callable[[pymysql.cursors.Cursor], T],
-            role: Role = "master", policy: RetryPolicy | None = None) -> T:
+            role: Role = "master", policy: RetryPolicy | None = None, *,
+            infile: bool = False) -> T:
         """Run ``fn(cursor)`` in one transaction on the shard's host, retried as a whole.
 
         The host is looked up again on every attempt, so a retried call follows a
         shard map that changed in between (a promoted slave, a moved shard).
+        ``infile=True`` for a ``fn`` that runs ``LOAD DATA LOCAL INFILE``.
         """
         def attempt() -> T:
-            with self.transaction(self.host_for(shard, role), shard) as cur:
+            with self.transaction(self.host_for(shard, role), shard, infile=infile) as cur:
                 return fn(cur)
         return (policy or self.policy).call(attempt)
 
     def run_mod(self, bucket: int, fn: Callable[[pymysql.cursors.Cursor], T],
-                policy: RetryPolicy | None = None) -> T:
-        """Run ``fn(cursor)`` in one transaction on a mod bucket's master."""
+                policy: RetryPolicy | None = None, *, multi: bool = False) -> T:
+        """Run ``fn(cursor)`` in one transaction on a mod bucket's master; ``multi=True``
+        for a ``fn`` that sends several statements in one ``execute``."""
         def attempt() -> T:
-            with self.transaction(self.shardmap.mod_master(bucket)) as cur:
+            with self.transaction(self.shardmap.mod_master(bucket), multi=multi) as cur:
                 return fn(cur)
         return (policy or self.policy).call(attempt)
 

@@ -16,14 +16,17 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from shardfarm.dsn import DSN, TLS_PARAMS, tls_args
 from shardfarm.errors import ShardMapError, UnknownShardError
 from sharding.ids import MAX_SHARD
 
 log = logging.getLogger(__name__)
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")  # a DNS name, IPv4 or IPv6 address
+_USER = re.compile(r"^[^\x00-\x1f\x7f]{1,80}$")  # MariaDB user names: 80 characters, printable
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,16 @@ class Host:
     port: int
     user: str
     password: str = ""
+    tls: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_dsn(cls, name: str, dsn: DSN) -> Host:
+        """A host for a DSN's server (e.g. the control database's pool), TLS included."""
+        return cls(name, dsn.host, dsn.port, dsn.user, dsn.password, dsn.tls)
+
+    def tls_args(self) -> dict:
+        """PyMySQL's TLS keyword arguments (``ssl_*`` keys of the host entry, or its DSN's)."""
+        return tls_args(dict(self.tls))
 
     @property
     def server(self) -> tuple[str, int, str]:
@@ -83,15 +96,22 @@ class ShardMap:
         except json.JSONDecodeError as exc:
             raise ShardMapError(f"{source}: malformed JSON at line {exc.lineno} "
                                 f"column {exc.colno}: {exc.msg}") from None
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise ShardMapError(f"{source}: malformed JSON: {str(exc)[:120]}") from None
+        except RecursionError:
+            raise ShardMapError(f"{source}: JSON nested too deeply") from None
         return _parse(doc)
 
     @classmethod
     def load(cls, path: Path | str) -> ShardMap:
         """Read and validate the map file at ``path``."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = Path(path).read_bytes().decode("utf-8")
         except OSError as exc:
-            raise ShardMapError(f"cannot read shard map {path}: {exc.strerror}") from None
+            raise ShardMapError(f"cannot read shard map {path}: "
+                                f"{exc.strerror or type(exc).__name__}") from None
+        except UnicodeDecodeError as exc:
+            raise ShardMapError(f"shard map {path} is not UTF-8 text (byte {exc.start})") from None
         return cls.from_json(text, source=str(path))
 
     # -- lookups --------------------------------------------------------------------------
@@ -143,57 +163,114 @@ def _fail(msg: str) -> ShardMapError:
     return ShardMapError(f"bad shard map: {msg}")
 
 
+def _kind(value: object) -> str:
+    """What a wrong value is, for a message: its JSON type, and the value if it is short and
+    harmless (a number or null; never a string, which may be a password in the wrong place)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        text = repr(value)
+        return f"the number {text}" if len(text) <= 24 else "a very large number"
+    if isinstance(value, str):
+        return "a string"
+    return {dict: "an object", list: "a list"}.get(type(value), type(value).__name__)
+
+
+def _label(name: object) -> str:
+    """A JSON key or host name as it can appear in a one-line message."""
+    return repr(name)[:40] if isinstance(name, str) else _kind(name)
+
+
 def _int(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(f"{where} must be an integer, got {value!r}")
+        raise _fail(f"{where} must be an integer, got {_kind(value)}")
     return value
 
 
 def _obj(value: object, where: str) -> dict:
     if not isinstance(value, dict):
-        raise _fail(f"{where} must be a JSON object")
+        raise _fail(f"{where} must be a JSON object, got {_kind(value)}")
     return value
 
 
 def _list(value: object, where: str) -> list:
     if not isinstance(value, list):
-        raise _fail(f"{where} must be a JSON list")
+        raise _fail(f"{where} must be a JSON list, got {_kind(value)}")
     return value
 
 
-def _parse_host(name: str, doc: object) -> Host:
+def _str(value: object, where: str, pattern: re.Pattern, what: str) -> str:
+    if not isinstance(value, str):
+        raise _fail(f"{where} must be {what}, got {_kind(value)}")
+    if not pattern.match(value):
+        raise _fail(f"{where} must be {what}")
+    return value
+
+
+def _parse_host(name: object, doc: object) -> Host:
+    if not isinstance(name, str) or not _HOST_NAME.match(name):
+        raise _fail(f"hosts: invalid host name {_label(name)} (letters, digits, '_', '.', '-')")
     where = f"hosts.{name}"
-    if not _HOST_NAME.match(name):
-        raise _fail(f"{where}: invalid host name")
     d = _obj(doc, where)
-    host = d.get("host")
-    if not isinstance(host, str) or not host:
-        raise _fail(f"{where}.host must be a non-empty string")
+    host = _str(d.get("host"), f"{where}.host", _ADDRESS, "a host name or IP address")
     port = _int(d.get("port", 3306), f"{where}.port")
     if not 1 <= port <= 65535:
         raise _fail(f"{where}.port {port} out of range 1..65535")
-    user = d.get("user", "root")
+    user = _str(d.get("user", "root"), f"{where}.user", _USER, "a user name of 1 to 80 "
+                "printable characters")
     password = d.get("password", "")
-    if not isinstance(user, str) or not isinstance(password, str):
-        raise _fail(f"{where}: user and password must be strings")
-    return Host(name, host, port, user, password)
+    if not isinstance(password, str):
+        raise _fail(f"{where}.password must be a string, got {_kind(password)}")
+    return Host(name, host, port, user, password, _parse_tls(d, where))
+
+
+def _parse_tls(d: dict, where: str) -> tuple[tuple[str, str], ...]:
+    """A host's optional ``ssl_ca``/``ssl_cert``/``ssl_key`` (paths) and ``ssl_verify`` (0/1)."""
+    params = {}
+    for key in TLS_PARAMS:
+        if key not in d:
+            continue
+        value = d[key]
+        if key == "ssl_verify" and isinstance(value, bool | int) and value in (0, 1):
+            value = str(int(value))
+        if not isinstance(value, str) or not value or "\x00" in value:
+            raise _fail(f"{where}.{key} must be a {'0 or 1' if key == 'ssl_verify' else 'path'}"
+                        f", got {_kind(value)}")
+        params[key] = value
+    try:
+        tls_args(params)
+    except ValueError as exc:
+        raise _fail(f"{where}: {exc}") from None
+    return tuple(sorted(params.items()))
+
+
+def _pair(value: object, where: str) -> tuple[int, int]:
+    """``[first, last]``: two integers, first <= last, neither negative."""
+    pair = _list(value, where)
+    if len(pair) != 2:
+        raise _fail(f"{where} must be [first, last], got a list of {len(pair)}")
+    lo, hi = _int(pair[0], f"{where}[0]"), _int(pair[1], f"{where}[1]")
+    if lo < 0 or hi < lo:
+        raise _fail(f"{where} [{lo}, {hi}] is empty or negative")
+    return lo, hi
 
 
 def _parse_range(doc: object, where: str, hosts: dict[str, Host], limit: int) -> Range:
     d = _obj(doc, where)
-    rng = _list(d.get("range"), f"{where}.range")
-    if len(rng) != 2:
-        raise _fail(f"{where}.range must be [first, last]")
-    lo, hi = _int(rng[0], f"{where}.range[0]"), _int(rng[1], f"{where}.range[1]")
-    if lo < 0 or hi < lo:
-        raise _fail(f"{where}.range [{lo}, {hi}] is empty or negative")
+    lo, hi = _pair(d.get("range"), f"{where}.range")
     if hi > limit:
         raise _fail(f"{where}.range [{lo}, {hi}] goes past {limit}")
+    names = []
     for role in ("master", "slave"):
         name = d.get(role)
+        if not isinstance(name, str):
+            raise _fail(f"{where}.{role} must be a host name, got {_kind(name)}")
         if name not in hosts:
-            raise _fail(f"{where}.{role} names unknown host {name!r}")
-    return Range(lo, hi, d["master"], d["slave"])
+            raise _fail(f"{where}.{role} names unknown host {_label(name)}")
+        names.append(name)
+    return Range(lo, hi, names[0], names[1])
 
 
 def _check_overlaps(ranges: list[tuple[str, Range]], what: str) -> None:
@@ -207,12 +284,7 @@ def _check_overlaps(ranges: list[tuple[str, Range]], what: str) -> None:
 def _parse_open(doc: object, shards: list[Range]) -> list[tuple[int, int]]:
     out = []
     for i, item in enumerate(_list(doc, "open")):
-        pair = _list(item, f"open[{i}]")
-        if len(pair) != 2:
-            raise _fail(f"open[{i}] must be [first, last]")
-        lo, hi = _int(pair[0], f"open[{i}][0]"), _int(pair[1], f"open[{i}][1]")
-        if lo < 0 or hi < lo:
-            raise _fail(f"open[{i}] [{lo}, {hi}] is empty or negative")
+        lo, hi = _pair(item, f"open[{i}]")
         if not _covered(lo, hi, shards):
             raise _fail(f"open[{i}] [{lo}, {hi}] is not backed by shards in 'shards'")
         out.append((lo, hi))
@@ -310,4 +382,7 @@ class ShardMapSource:
                     log.info("reloaded shard map %s: %r", self.path, self._map)
                 except ShardMapError as exc:
                     log.error("keeping the previous shard map: %s", exc)
+                except Exception as exc:  # noqa: BLE001 - a running process keeps its map
+                    log.error("keeping the previous shard map: %s could not be read (%s)",
+                              self.path, type(exc).__name__)
         return self._map

@@ -46,10 +46,11 @@ def test_bad_shard_map_is_one_line(farm_env, tmp_path):
 def test_unreachable_control_db_is_one_line(farm_env):
     from tests.servers import free_port
     env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root:topsecret@127.0.0.1:{free_port()}/c"}
-    out = run_farm(env, "shards", "init")
-    assert out.returncode == 1
-    assert out.stderr.count("\n") == 1 and "topsecret" not in out.stderr
-    assert "cannot reach MySQL" in out.stderr
+    for command in (("shards", "init"), ("status",)):  # status retries: no line per attempt
+        out = run_farm(env, *command)
+        assert out.returncode == 1
+        assert out.stderr.count("\n") == 1 and "topsecret" not in out.stderr, out.stderr
+        assert "cannot reach MySQL control" in out.stderr and "FARM_CONTROL_DSN" in out.stderr
 
 
 def test_bad_flag_is_usage_error(farm_env):
@@ -63,3 +64,47 @@ def test_shards_init_via_cli(farm_env, router):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["shards"] == 16 and doc["mod_buckets"] == TEST_BUCKETS and doc["servers"] == 2
+
+
+def _usage_error(out, words: str) -> None:
+    """Exit 2 and the last stderr line is one ``farm: error:`` line naming the mistake."""
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("farm: error: ") and words in last, last
+
+
+def test_usage_mistakes_exit_2(farm_env, router):
+    _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad cron expression")
+    _usage_error(run_farm(farm_env, "cron", "--once", "--tables", "users,nope"),
+                 "cannot export nope")
+    _usage_error(run_farm(farm_env, "export", "--date", "2026-02-30"), "bad export date")
+    _usage_error(run_farm(farm_env, "reverse", "board_has_pins"), "not a reverse table")
+    _usage_error(run_farm(farm_env, "rebalance", "pins", "--threshold", "5"),
+                 "cannot rebalance 'pins'")
+    _usage_error(run_farm(farm_env, "rebalance", "board_followedby_users", "--threshold", "5",
+                          "--spread", "99"), "--spread 99 needs more shards")
+    _usage_error(run_farm(farm_env, "migrate", "--chunk-size", "0"), "--chunk-size")
+    _usage_error(run_farm(farm_env, "id", "encode", "1", "nope", "1"), "nope")
+
+
+def test_configuration_mistakes_exit_1_in_one_line(farm_env, tmp_path):
+    bad_map = tmp_path / "shape.json"
+    doc = {"version": 1, "hosts": {"A": {"host": "127.0.0.1"}},
+           "shards": [{"range": [0, 9], "master": ["x"], "slave": "A"}],
+           "mod": {"buckets": 1, "ranges": []}}
+    bad_map.write_text(json.dumps(doc))
+    cases = [
+        ({"FARM_SHARDMAP": str(bad_map)}, ("shards", "show"),
+         "bad shard map: shards[0].master must be a host name, got a list"),
+        ({"FARM_REDIS_URL": "redis://:topsecret@127.0.0.1:notaport/0"}, ("status",),
+         "bad FARM_REDIS_URL: redis://:***@127.0.0.1:notaport/0"),
+        ({"FARM_LEGACY_DSN": "mysql://u:topsecret@h/l?sslca=/x"}, ("status",),
+         "unknown parameter 'sslca'"),
+        ({"FARM_CONNECT_TIMEOUT": "soon"}, ("status",), "bad FARM_CONNECT_TIMEOUT"),
+    ]
+    for env, args, words in cases:
+        out = run_farm({**farm_env, **env}, *args)
+        assert out.returncode == 1, (args, out.stderr)
+        assert out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
+        assert "topsecret" not in out.stderr + out.stdout

@@ -353,10 +353,13 @@ def test_parquet_without_pyarrow_is_one_clear_line(env):
 
 
 def test_bad_date_and_table_are_refused(env):
+    """Usage mistakes exit 2 with one line (1 is for everything else)."""
     out = run_farm(env, "export", "--date", "2026-13-01")
-    assert out.returncode == 1 and "bad export date" in out.stderr
+    assert out.returncode == 2 and "bad export date" in out.stderr
+    assert out.stderr.count("\n") == 1
     out = run_farm(env, "export", "--date", DATE, "--tables", "users,nope")
-    assert out.returncode == 1 and "cannot export nope" in out.stderr
+    assert out.returncode == 2 and "cannot export nope" in out.stderr
+    assert out.stderr.count("\n") == 1
 
 
 @pytest.fixture

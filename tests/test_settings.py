@@ -45,3 +45,52 @@ def test_bad_config_is_one_line_without_password(env):
     with pytest.raises(ConfigError) as exc:
         Settings.from_env(env)
     assert "\n" not in str(exc.value) and "hunter2" not in str(exc.value)
+
+
+@pytest.mark.parametrize("url,why", [
+    ("redis://127.0.0.1:notaport/0", "notaport"),
+    ("redis://:hunter2@127.0.0.1:99999/0", "out of range"),
+    ("redis://:hunter2@127.0.0.1:6379/zero", "must be a number"),
+    ("redis://:hunter2@127.0.0.1:6379/0?db=x", "db"),
+    ("redis://:hunter2@127.0.0.1:6379/0?no_such_option=1", "no_such_option"),
+    ("rediss://:hunter2@127.0.0.1:6379/0?ssl_cert_reqs=maybe", "maybe"),
+    ("redis://:hunter2@[::1/0", "IPv6"),
+    ("redis://:hunter2@127.0.0.1:0/0", "port 0"),
+])
+def test_malformed_redis_url_is_refused_in_one_line(url, why):
+    """Checked with redis-py's own URL parser, at settings time, not at first use."""
+    with pytest.raises(ConfigError) as exc:
+        Settings.from_env({"FARM_REDIS_URL": url})
+    msg = str(exc.value)
+    assert msg.startswith("bad FARM_REDIS_URL: ") and why in msg
+    assert "\n" not in msg and "hunter2" not in msg
+
+
+@pytest.mark.parametrize("url", [
+    "redis://:hunter2@127.0.0.1:6379/3",
+    "redis://farm:hunter2@redis.example:6380/0",
+    "rediss://:hunter2@redis.example:6380/0?ssl_ca_certs=/etc/ca.pem&ssl_cert_reqs=required",
+    "unix:///run/redis.sock?db=2",
+])
+def test_good_redis_urls_pass_and_hide_the_password(url):
+    s = Settings.from_env({"FARM_REDIS_URL": url})
+    assert s.redis_url == url
+    assert "hunter2" not in repr(s) + repr(s.describe())
+
+
+def test_connect_timeout_setting(monkeypatch):
+    from shardfarm.settings import connect_timeout
+    assert Settings.from_env({}).connect_timeout == 10
+    assert Settings.from_env({"FARM_CONNECT_TIMEOUT": "2.5"}).connect_timeout == 2.5
+    monkeypatch.setenv("FARM_CONNECT_TIMEOUT", "4")
+    assert connect_timeout() == 4
+    for bad in ("abc", "0", "-1", "nan", "inf", "99999"):
+        with pytest.raises(ConfigError, match="FARM_CONNECT_TIMEOUT"):
+            Settings.from_env({"FARM_CONNECT_TIMEOUT": bad})
+
+
+def test_control_dsn_with_tls_is_refused_until_the_ledger_uses_it():
+    with pytest.raises(ConfigError, match=r"FARM_CONTROL_DSN.*TLS"):
+        Settings.from_env({"FARM_CONTROL_DSN": "mysql://u:hunter2@h/c?ssl_ca=/ca.pem"})
+    s = Settings.from_env({"FARM_LEGACY_DSN": "mysql://u:hunter2@h/l?ssl_ca=/ca.pem"})
+    assert s.legacy_dsn.tls_args()["ssl_ca"] == "/ca.pem"

@@ -31,7 +31,7 @@ from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
 from shardfarm import keys
-from shardfarm.errors import ConfigError, DatabaseError
+from shardfarm.errors import ConfigError, DatabaseError, UsageError
 from shardfarm.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
@@ -49,8 +49,8 @@ _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
 def check_expression(expr: str) -> str:
     """A 5-field cron expression (minute hour day month weekday, UTC), or one clear line."""
     if len(expr.split()) != 5 or not croniter.is_valid(expr):
-        raise ConfigError(f"bad cron expression {expr!r} (expected 5 fields such as "
-                          f"'{DEFAULT_AT}', in UTC)")
+        raise UsageError(f"bad cron expression {expr[:80]!r} (expected 5 fields such as "
+                         f"'{DEFAULT_AT}', in UTC)")
     return expr
 
 

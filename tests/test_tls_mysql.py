@@ -1,0 +1,139 @@
+"""TLS to MySQL end to end: a private mariadbd that accepts only TLS, a CA and a server
+certificate made here with ``openssl``; DSN and shard map TLS parameters are honoured,
+verification catches the wrong CA and the wrong host name, in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from shardfarm.db import connect
+from shardfarm.dsn import DSN
+from shardfarm.errors import PermanentDatabaseError
+from sharding.router import Router
+from sharding.shardmap import ShardMapSource
+from tests.servers import INSTALL_DB, MARIADBD, free_port
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def _ca(where: Path, name: str) -> tuple[Path, Path]:
+    cert, key = where / f"{name}.pem", where / f"{name}.key"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-keyout",
+             str(key), "-out", str(cert), "-subj", f"/CN={name}")
+    return cert, key
+
+
+def _server_cert(where: Path, ca: tuple[Path, Path]) -> tuple[Path, Path]:
+    cert, key, csr, ext = (where / "server.pem", where / "server.key", where / "server.csr",
+                           where / "san.ext")
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr),
+             "-subj", "/CN=127.0.0.1")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca[0]), "-CAkey", str(ca[1]),
+             "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext))
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls_server():
+    """``(port, ca, other_ca)``: a mariadbd requiring TLS, the CA of its certificate and an
+    unrelated CA."""
+    base = Path(tempfile.mkdtemp(prefix="farm-tls-"))
+    ca = _ca(base, "farm-test-ca")
+    other = _ca(base, "other-ca")
+    cert, key = _server_cert(base, ca)
+    datadir = base / "data"
+    subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
+                    "--auth-root-authentication-method=normal", "--skip-test-db"],
+                   check=True, capture_output=True)
+    port = free_port()
+    log = open(base / "error.log", "wb")  # noqa: SIM115 - lives as long as the server
+    proc = subprocess.Popen(
+        [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
+         "--bind-address=127.0.0.1", f"--socket={base / 'sock'}", "--user=root",
+         "--skip-log-bin", "--innodb-buffer-pool-size=32M", f"--pid-file={base / 'pid'}",
+         f"--ssl-ca={ca[0]}", f"--ssl-cert={cert}", f"--ssl-key={key}",
+         "--require-secure-transport=ON"], stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            pymysql.connect(host="127.0.0.1", port=port, user="root", connect_timeout=2,
+                            ssl_ca=str(ca[0])).close()
+            break
+        except pymysql.MySQLError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"TLS mariadbd did not start; see {base / 'error.log'}")
+            time.sleep(0.1)
+    yield port, ca[0], other[0]
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.close()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _cipher(conn: pymysql.Connection) -> str:
+    with conn.cursor() as cur:
+        cur.execute("SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+        return cur.fetchone()[1]
+
+
+def _dsn(port: int, query: str, host: str = "127.0.0.1") -> DSN:
+    return DSN.parse(f"mysql://root@{host}:{port}/mysql?{query}", what="FARM_LEGACY_DSN")
+
+
+def test_wrong_ca_is_refused_in_one_line_and_not_retried(tls_server):
+    port, ca, other = tls_server
+    conn = connect(_dsn(port, f"ssl_ca={ca}&ssl_verify=1"))
+    assert _cipher(conn)  # the right CA: encrypted and verified
+    conn.close()
+    t0 = time.monotonic()
+    with pytest.raises(PermanentDatabaseError) as exc:
+        connect(_dsn(port, f"ssl_ca={other}&ssl_verify=1"))
+    assert time.monotonic() - t0 < 5
+    msg = str(exc.value)
+    assert msg.startswith(f"TLS with MySQL legacy (root@127.0.0.1:{port}/mysql) failed")
+    assert "certificate verify failed" in msg and "FARM_LEGACY_DSN" in msg and "\n" not in msg
+    conn = connect(_dsn(port, f"ssl_ca={other}&ssl_verify=0"))  # encrypted, not verified
+    assert _cipher(conn)
+    conn.close()
+
+
+def test_host_name_is_verified(tls_server):
+    port, ca, _ = tls_server
+    with pytest.raises(PermanentDatabaseError, match="Hostname mismatch"):
+        connect(_dsn(port, f"ssl_ca={ca}&ssl_verify=1", host="localhost"))
+
+
+def _tls_router(port: int, ca: Path, tmp_path: Path) -> Router:
+    host = {"host": "127.0.0.1", "port": port, "user": "root", "password": "",
+            "ssl_ca": str(ca), "ssl_verify": 1}
+    doc = {"version": 1, "hosts": {"TlsA": host},
+           "shards": [{"range": [0, 0], "master": "TlsA", "slave": "TlsA"}],
+           "mod": {"buckets": 1, "ranges": [{"range": [0, 0], "master": "TlsA",
+                                             "slave": "TlsA"}]}}
+    path = tmp_path / f"tls-map-{ca.stem}.json"
+    path.write_text(json.dumps(doc))
+    return Router(ShardMapSource(path))
+
+
+def test_shard_map_host_over_verified_tls(tls_server, tmp_path):
+    port, ca, other = tls_server
+    router = _tls_router(port, ca, tmp_path)
+    rows = router.query(router.shardmap.hosts["TlsA"], "SHOW SESSION STATUS LIKE 'Ssl_cipher'")
+    assert rows[0][1]
+    router.close()
+    router = _tls_router(port, other, tmp_path)
+    with pytest.raises(PermanentDatabaseError, match="TLS with MySQL TlsA"):
+        router.query(router.shardmap.hosts["TlsA"], "SELECT 1")
+    router.close()
