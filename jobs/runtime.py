@@ -40,7 +40,7 @@ class Runtime:
     @cached_property
     def redis(self) -> redis.Redis:
         """The farm's Redis."""
-        return redis.Redis.from_url(self.settings.redis_url)
+        return self.settings.redis()
 
     def close(self) -> None:
         """Release pooled connections that were opened."""

@@ -8,7 +8,6 @@ from typing import IO
 
 import click
 import orjson
-import redis
 from tqdm import tqdm
 
 from jobs import enqueue_many
@@ -62,7 +61,7 @@ def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
     """
     policy = JobPolicy.from_env(flags=allow_modules)
     check_function(function, policy)
-    conn = redis.Redis.from_url(app.settings.redis_url)
+    conn = app.settings.redis()
     name = getattr(file_, "name", "input")
     with tqdm(unit=" jobs", desc=f"enqueue {queue}", disable=not sys.stderr.isatty(),
               mininterval=0.5) as bar:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 
 import click
-import redis
 
 from jobs.policy import JobPolicy
 from scripts.app import App
@@ -46,7 +45,7 @@ def scale(app: App, count: int | None, host: str | None, clear: bool) -> None:
     """Set the desired worker count per supervisor; they converge within seconds."""
     if (count is None) == (not clear):
         raise click.UsageError("give either COUNT or --clear")
-    conn = redis.Redis.from_url(app.settings.redis_url)
+    conn = app.settings.redis()
     if clear:
         conn.delete(keys.desired_workers(host))
     else:

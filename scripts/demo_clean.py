@@ -43,7 +43,7 @@ def clean_everything(app: App) -> dict:
     runs = control_runs(app) or []  # read before the control database goes
     exported = remove_demo_exports(runs)
     dropped = drop_demo_databases(app)
-    conn = redis.Redis.from_url(app.settings.redis_url)
+    conn = app.settings.redis()
     try:
         queues = sorted({DEFAULT_QUEUE, *(r["queue"] for r in runs if r["queue"])})
         deleted = (farm_keys(conn) + sum(rq_queue_keys(conn, q) for q in queues)

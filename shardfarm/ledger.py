@@ -76,7 +76,7 @@ class Ledger:
     """Runs and chunks in the control database."""
 
     def __init__(self, dsn: DSN, pool_size: int = 4) -> None:
-        host = Host("control", dsn.host, dsn.port, dsn.user, dsn.password)
+        host = Host.from_dsn("control", dsn)
         self.pool = Pool(host, size=pool_size, database=dsn.database)
 
     def close(self) -> None:

@@ -45,12 +45,17 @@ class Settings:
                 raw[key] = value
         return cls(
             redis_url=_redis_url(raw["FARM_REDIS_URL"]),
-            control_dsn=_control_dsn(raw["FARM_CONTROL_DSN"]),
+            control_dsn=DSN.parse(raw["FARM_CONTROL_DSN"], what="FARM_CONTROL_DSN"),
             legacy_dsn=DSN.parse(raw["FARM_LEGACY_DSN"], what="FARM_LEGACY_DSN"),
             shardmap_path=Path(raw["FARM_SHARDMAP"]).resolve() if raw["FARM_SHARDMAP"] else None,
             export_url=_export_url(raw["FARM_EXPORT_URL"]),
             connect_timeout=_seconds(raw["FARM_CONNECT_TIMEOUT"]),
         )
+
+    def redis(self) -> redis.Redis:
+        """A client of the farm's Redis whose connecting is bounded by ``connect_timeout``
+        (reads are not: workers block on their queues)."""
+        return redis.Redis.from_url(self.redis_url, socket_connect_timeout=self.connect_timeout)
 
     def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed."""
@@ -69,14 +74,6 @@ class Settings:
             "export": self.export_url,
             "connect_timeout": f"{self.connect_timeout:g} s",
         }
-
-
-def _control_dsn(text: str) -> DSN:
-    dsn = DSN.parse(text, what="FARM_CONTROL_DSN")
-    if dsn.tls:  # the ledger's pool does not pass TLS arguments yet: refuse, never downgrade
-        raise ConfigError(f"bad FARM_CONTROL_DSN: {dsn} (TLS parameters are not supported on "
-                          "the control database yet; use them on FARM_LEGACY_DSN)")
-    return dsn
 
 
 def connect_timeout(env: Mapping[str, str] | None = None) -> float:

@@ -89,8 +89,7 @@ def test_connect_timeout_setting(monkeypatch):
             Settings.from_env({"FARM_CONNECT_TIMEOUT": bad})
 
 
-def test_control_dsn_with_tls_is_refused_until_the_ledger_uses_it():
-    with pytest.raises(ConfigError, match=r"FARM_CONTROL_DSN.*TLS"):
-        Settings.from_env({"FARM_CONTROL_DSN": "mysql://u:hunter2@h/c?ssl_ca=/ca.pem"})
-    s = Settings.from_env({"FARM_LEGACY_DSN": "mysql://u:hunter2@h/l?ssl_ca=/ca.pem"})
-    assert s.legacy_dsn.tls_args()["ssl_ca"] == "/ca.pem"
+def test_dsns_carry_tls_parameters():
+    s = Settings.from_env({"FARM_CONTROL_DSN": "mysql://u:hunter2@h/c?ssl_ca=/ca.pem",
+                           "FARM_LEGACY_DSN": "mysql://u:hunter2@h/l?ssl_ca=/ca.pem"})
+    assert s.control_dsn.tls_args()["ssl_ca"] == s.legacy_dsn.tls_args()["ssl_ca"] == "/ca.pem"

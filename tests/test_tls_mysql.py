@@ -14,9 +14,11 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from shardfarm.db import connect
+from shardfarm import control_schema
+from shardfarm.db import connect, ensure_database
 from shardfarm.dsn import DSN
 from shardfarm.errors import PermanentDatabaseError
+from shardfarm.ledger import Ledger
 from sharding.router import Router
 from sharding.shardmap import ShardMapSource
 from tests.servers import INSTALL_DB, MARIADBD, free_port
@@ -137,3 +139,27 @@ def test_shard_map_host_over_verified_tls(tls_server, tmp_path):
     with pytest.raises(PermanentDatabaseError, match="TLS with MySQL TlsA"):
         router.query(router.shardmap.hosts["TlsA"], "SELECT 1")
     router.close()
+
+
+def test_control_database_over_verified_tls(tls_server):
+    """The ledger's pool (control database) honours FARM_CONTROL_DSN's TLS parameters."""
+    port, ca, other = tls_server
+    good = DSN.parse(f"mysql://root@127.0.0.1:{port}/farm_control_tls?ssl_ca={ca}",
+                     what="FARM_CONTROL_DSN")
+    ensure_database(good)
+    control_schema.ensure(good)
+    ledger = Ledger(good)
+    try:
+        assert ledger.runs() == []
+        with ledger.pool.connection() as conn:
+            assert _cipher(conn)
+    finally:
+        ledger.close()
+    bad = DSN.parse(f"mysql://root@127.0.0.1:{port}/farm_control_tls?ssl_ca={other}",
+                    what="FARM_CONTROL_DSN")
+    ledger = Ledger(bad)
+    try:
+        with pytest.raises(PermanentDatabaseError, match="certificate verify failed"):
+            ledger.runs()
+    finally:
+        ledger.close()

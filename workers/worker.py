@@ -108,7 +108,7 @@ def build(settings: Settings, queues: list[str], name: str | None = None) -> Far
     """A worker for ``queues`` on the farm's Redis, with this process's runtime installed."""
     rt = runtime.Runtime(settings)
     runtime.install(rt)
-    conn = redis.Redis.from_url(settings.redis_url)
+    conn = settings.redis()
     return FarmWorker([rq_queue(conn, q) for q in queues], connection=conn,
                       name=name or worker_name())
 
