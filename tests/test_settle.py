@@ -72,7 +72,8 @@ def test_an_item_the_workers_cannot_import_is_listed_and_retried(env, conn, tmp_
     proc = start_workers(env, 1)
     try:
         out = run_farm(env, "retry-failed")
-        assert json.loads(out.stdout) == {"chunks": 0, "items": 3, "not_retried": 0}
+        summary = json.loads(out.stdout)  # (chunks: other tests' failed runs, if any)
+        assert summary["items"] == 3 and summary["not_retried"] == 0
         until(lambda: conn.hlen("test:record") == 3, what="the retried items")
     finally:
         stop(proc)
