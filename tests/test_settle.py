@@ -75,6 +75,7 @@ def test_an_item_the_workers_cannot_import_is_listed_and_retried(env, conn, tmp_
         summary = json.loads(out.stdout)  # (chunks: other tests' failed runs, if any)
         assert summary["items"] == 3 and summary["not_retried"] == 0
         until(lambda: conn.hlen("test:record") == 3, what="the retried items")
+        until(lambda: _queue(env)["items"] == 0, what="the queue to drain")  # and any chunk
     finally:
         stop(proc)
     assert _failed(env) == [] and int(conn.get(keys.items_queued("farm"))) == 0
