@@ -12,9 +12,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from sharding.mapsource import ShardMapSource
 from sharding.provision import init_databases
 from sharding.router import Router
-from sharding.shardmap import ShardMapSource
 from tests.servers import PrivateMariaDB
 
 

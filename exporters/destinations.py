@@ -1,19 +1,23 @@
 """Where exports go: one small interface, one short class per backend (``s3://``, ``file://``).
 
-A part is written through ``open_part(key)``, a writer with ``write(bytes)``,
+A part is written through ``open_part(key, fence)``, a writer with ``write(bytes)``,
 ``commit()`` and ``abort()``. Nothing is visible under ``key`` before
 ``commit()``: a file is written beside its final name (a hidden ``.tmp`` file),
 fsynced and renamed; an S3 object is a multipart upload completed only at
-commit (or one PUT when it is small), aborted on error. Keys are relative to
+commit (or one PUT when it is small), aborted on error. ``fence`` (a chunk's
+lease check) runs immediately before the rename, completion or PUT, after every
+slow step: an attempt that lost its lease never makes anything visible. Keys are relative to
 the destination's root (``users/dt=2026-11-21/part-00007.jsonl.gz``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 from urllib.parse import unquote
@@ -24,6 +28,12 @@ log = logging.getLogger(__name__)
 MIN_PART = 5 * 1024 * 1024  # S3's smallest part but the last
 PART_SIZE = 8 * 1024 * 1024
 MAX_PARTS = 10_000
+SHA256_META = "sha256"  # S3 user metadata of a single-PUT object: its content's sha256
+Fence = Callable[[], None]
+
+
+def _no_fence() -> None:
+    """No lease to check (tools, benchmarks)."""
 
 
 class DestinationError(RetryableError):
@@ -59,8 +69,13 @@ class Destination(ABC):
     url: str
 
     @abstractmethod
-    def open_part(self, key: str) -> PartWriter:
-        """A writer whose bytes become the object ``key`` at ``commit()``."""
+    def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
+        """A writer whose bytes become the object ``key`` at ``commit()``; ``fence`` runs
+        immediately before they become visible (and may raise to prevent it)."""
+
+    @abstractmethod
+    def sha256(self, key: str) -> str | None:
+        """The hex sha256 of the object's content, or ``None`` if it does not exist."""
 
     @abstractmethod
     def size(self, key: str) -> int | None:
@@ -82,9 +97,9 @@ class Destination(ABC):
         """Whether the object exists."""
         return self.size(key) is not None
 
-    def put(self, key: str, data: bytes) -> None:
-        """Write a small object whole (manifest, ``_SUCCESS``)."""
-        with self.open_part(key) as w:
+    def put(self, key: str, data: bytes, fence: Fence = _no_fence) -> None:
+        """Write a small object whole (manifest, ``_SUCCESS``), ``fence`` checked last."""
+        with self.open_part(key, fence) as w:
             w.write(data)
             w.commit()
 
@@ -113,9 +128,9 @@ def open_destination(url: str) -> Destination:
 class FileWriter(PartWriter):
     """A hidden temp file beside the target; fsync and ``os.replace`` at commit."""
 
-    def __init__(self, target: Path) -> None:
+    def __init__(self, target: Path, fence: Fence = _no_fence) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        self.target = target
+        self.target, self.fence = target, fence
         self.tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed at commit or abort
 
@@ -126,6 +141,7 @@ class FileWriter(PartWriter):
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
+        self.fence()  # the last word before the rename: nothing slow may come between
         os.replace(self.tmp, self.target)
         fd = os.open(self.target.parent, os.O_RDONLY)
         try:
@@ -153,8 +169,15 @@ class FileDestination(Destination):
             raise ConfigError(f"export key {key!r} leaves {self.root}")
         return path
 
-    def open_part(self, key: str) -> PartWriter:
-        return FileWriter(self._path(key))
+    def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
+        return FileWriter(self._path(key), fence)
+
+    def sha256(self, key: str) -> str | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except FileNotFoundError:
+            return None
 
     def size(self, key: str) -> int | None:
         try:
@@ -207,8 +230,9 @@ class S3Writer(PartWriter):
     10,000 parts S3 allows.
     """
 
-    def __init__(self, client, bucket: str, key: str, part_size: int = PART_SIZE) -> None:
-        self.client, self.bucket, self.key = client, bucket, key
+    def __init__(self, client, bucket: str, key: str, part_size: int = PART_SIZE,
+                 fence: Fence = _no_fence) -> None:
+        self.client, self.bucket, self.key, self.fence = client, bucket, key, fence
         self.part_size = max(part_size, MIN_PART)
         self.buf = bytearray()
         self.upload_id: str | None = None
@@ -241,10 +265,14 @@ class S3Writer(PartWriter):
 
     def commit(self) -> None:
         if self.upload_id is None:
-            self._call("put_object", self.client.put_object, Body=bytes(self.buf))
+            body = bytes(self.buf)
+            meta = {SHA256_META: hashlib.sha256(body).hexdigest()}
+            self.fence()  # the last word before the object appears
+            self._call("put_object", self.client.put_object, Body=body, Metadata=meta)
         else:
             if self.buf or not self.parts:
                 self._flush_part()
+            self.fence()  # the last word before the upload completes
             self._call("complete_multipart_upload", self.client.complete_multipart_upload,
                        UploadId=self.upload_id, MultipartUpload={"Parts": self.parts})
         self.closed = True
@@ -281,8 +309,28 @@ class S3Destination(Destination):
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def open_part(self, key: str) -> PartWriter:
-        return S3Writer(self.client, self.bucket, self._key(key))
+    def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
+        return S3Writer(self.client, self.bucket, self._key(key), fence=fence)
+
+    def sha256(self, key: str) -> str | None:
+        """From the object's metadata (single PUTs carry it), else by reading it through."""
+        try:
+            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:  # noqa: BLE001 - a missing object is a 404
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return None
+            raise _s3_error(exc, f"head_object {self.bucket}/{self._key(key)}") from None
+        known = head.get("Metadata", {}).get(SHA256_META)
+        if known:
+            return known
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
+            h = hashlib.sha256()
+            for block in body.iter_chunks(1 << 20):
+                h.update(block)
+            return h.hexdigest()
+        except Exception as exc:  # noqa: BLE001 - translated
+            raise _s3_error(exc, f"get_object {self.bucket}/{self._key(key)}") from None
 
     def size(self, key: str) -> int | None:
         try:

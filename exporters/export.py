@@ -8,27 +8,31 @@ recorded — writes ``_manifest.json`` and then ``_SUCCESS``; two chunks that
 complete at once write the same manifest twice, which is harmless.
 
 A re-export of the same date skips a part whose manifest entry (or, before any
-manifest, whose recorded bytes) matches the object that is there, unless
+manifest, whose record) matches the object that is there, size and sha256, unless
 ``force``. A part that is written again first withdraws the folder's
 ``_SUCCESS``, so a reader never sees old and new parts under one success marker.
+
+Fenced to the end: one run at a time writes a folder (``PartLog.claim``; a second
+run's chunks wait), and every step that makes something visible there (a part's
+rename or upload completion, withdrawing ``_SUCCESS``, the manifest, ``_SUCCESS``)
+is preceded at once by the chunk's fence (``ChunkContext.fence``, which renews the
+lease by compare-and-set): an attempt whose lease was taken over, or may have
+expired, stops before it can replace what its successor finished.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 from exporters import dump, formats
-from exporters.destinations import Destination, open_destination
+from exporters.destinations import Destination, Fence, open_destination
+from exporters.partlog import FolderBusyError, Part, PartLog
 from shardfarm.context import ChunkContext
-from shardfarm.errors import RetryableError, UsageError
+from shardfarm.errors import UsageError
 from shardfarm.ledger import ChunkSpec, Ledger, Outcome
-from shardfarm.retry import TRANSIENT
 from sharding.router import Router
 from sharding.schema import OBJECT_TABLES
 from sharding.shardmap import Host
@@ -78,74 +82,21 @@ def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = No
     return params, chunks
 
 
-# -- what was written: the control database's export_parts ---------------------------------
-def _ref(dest_url: str, path: str) -> str:
-    return hashlib.sha256(f"{dest_url}\0{path}".encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Part:
-    """One written part: its file name in the folder, shard, rows, bytes and checksum."""
-
-    path: str
-    shard: int
-    rows: int
-    bytes: int
-    sha256: str
-
-    def entry(self) -> dict:
-        """The part's entry in ``_manifest.json``."""
-        return {"path": self.path, "shard": self.shard, "rows": self.rows,
-                "bytes": self.bytes, "sha256": self.sha256}
-
-
-class PartLog:
-    """``export_parts`` rows of one destination (through the ledger's control-DB pool)."""
-
-    def __init__(self, ledger: Ledger, dest_url: str) -> None:
-        self.pool, self.dest = ledger.pool, dest_url
-
-    def _run(self, sql: str, params: tuple) -> list[tuple]:
-        def attempt() -> list[tuple]:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return list(cur.fetchall())
-        return TRANSIENT.call(attempt)
-
-    def record(self, folder: str, part: Part, run_id: str) -> None:
-        """Remember that ``part`` is in ``folder`` as written (or confirmed) by ``run_id``."""
-        self._run("INSERT INTO export_parts (ref, folder, dest, path, shard, row_count, bytes, "
-                  "sha256, run_id) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
-                  "shard = VALUES(shard), row_count = VALUES(row_count), bytes = VALUES(bytes), "
-                  "sha256 = VALUES(sha256), run_id = VALUES(run_id), written_at = NOW(3)",
-                  (_ref(self.dest, folder + part.path), _ref(self.dest, folder), self.dest,
-                   folder + part.path, part.shard, part.rows, part.bytes, part.sha256, run_id))
-
-    @contextmanager
-    def lock(self, folder: str, wait: int = 60) -> Iterator[None]:
-        """Hold the control database's named lock of ``folder`` (``GET_LOCK``)."""
-        name = "farm-export-" + _ref(self.dest, folder)[:40]
-        with self.pool.connection() as conn, conn.cursor() as cur:
-            cur.execute("SELECT GET_LOCK(%s, %s)", (name, wait))
-            if cur.fetchone()[0] != 1:
-                raise RetryableError(f"export folder {folder} is being finalized elsewhere")
-            try:
-                yield
-            finally:
-                cur.execute("SELECT RELEASE_LOCK(%s)", (name,))
-
-    def get(self, folder: str, name: str) -> Part | None:
-        """The recorded part ``name`` of ``folder``, if any."""
-        rows = self._run("SELECT shard, row_count, bytes, sha256 FROM export_parts "
-                         "WHERE ref = %s", (_ref(self.dest, folder + name),))
-        return Part(name, rows[0][0], rows[0][1], rows[0][2], rows[0][3]) if rows else None
-
-    def of_run(self, folder: str, run_id: str) -> list[Part]:
-        """Parts of ``folder`` recorded by ``run_id``, by shard."""
-        rows = self._run("SELECT path, shard, row_count, bytes, sha256 FROM export_parts "
-                         "WHERE folder = %s AND run_id = %s ORDER BY shard",
-                         (_ref(self.dest, folder), run_id))
-        return [Part(p.rsplit("/", 1)[-1], s, r, b, h) for p, s, r, b, h in rows]
+def refuse_overlap(ledger: Ledger, params: dict) -> None:
+    """``FolderBusyError`` in one line naming the active export run that writes one of the
+    same folders (destination, table, date) as ``params``: one run at a time per folder.
+    (Chunks enforce it too, atomically: a run that slips past this check waits.)"""
+    for run_id in ledger.runs(limit=200, active_only=True):
+        run = ledger.run(run_id)
+        other = run["params"]
+        if run["kind"] != "export" or run["status"] != "running":
+            continue
+        same = (other.get("dest"), other.get("date")) == (params["dest"], params["date"])
+        shared = [t for t in params["kinds"] if t in other.get("kinds", ())]
+        if same and shared:
+            raise FolderBusyError(f"run {run_id} is already exporting {', '.join(shared)} "
+                                  f"of {params['date']} to {params['dest']}; wait until it ends "
+                                  f"(farm status --run {run_id})")
 
 
 # -- the chunk ------------------------------------------------------------------------------
@@ -155,30 +106,38 @@ def _checked(check: Callable[[], None], batches: Iterator) -> Iterator:
         yield batch
 
 
-def _intact(dest: Destination, log_: PartLog, folder: str, name: str) -> Part | None:
-    """The part already there, if it matches its manifest entry (or else its record)."""
-    size = dest.size(folder + name)
-    if size is None:
-        return None
+def _claimed(dest: Destination, log_: PartLog, folder: str, name: str) -> Part | None:
+    """What the manifest (or else the record) says part ``name`` of ``folder`` is."""
     raw = dest.read(folder + MANIFEST)
     if raw is not None:
         try:
-            entries = {e["path"]: e for e in json.loads(raw)["files"]}
+            e = {e["path"]: e for e in json.loads(raw)["files"]}.get(name)
+            if e is not None:
+                return Part(name, e["shard"], e["rows"], e["bytes"], e["sha256"])
         except (ValueError, KeyError, TypeError):
-            entries = {}
-        e = entries.get(name)
-        if e is not None and e.get("bytes") == size:
-            return Part(name, e["shard"], e["rows"], e["bytes"], e["sha256"])
-    rec = log_.get(folder, name)
-    return rec if rec is not None and rec.bytes == size else None
+            pass
+    return log_.get(folder, name)
+
+
+def _intact(dest: Destination, log_: PartLog, folder: str, name: str) -> Part | None:
+    """The part already there, if its size and sha256 match its manifest entry (or else
+    its record)."""
+    size = dest.size(folder + name)
+    if size is None:
+        return None
+    want = _claimed(dest, log_, folder, name)
+    if want is None or want.bytes != size or dest.sha256(folder + name) != want.sha256:
+        return None
+    return want
 
 
 def dump_part(host: Host, shard: int, table: str, fmt: str, dest: Destination, key: str,
-              check: Callable[[], None] = lambda: None) -> Part:
+              check: Callable[[], None] = lambda: None, fence: Fence | None = None) -> Part:
     """Stream ``table`` of ``shard`` from ``host`` into the object ``key``; visible only
-    once whole. ``check`` runs between batches (a chunk's lease and fencing check)."""
+    once whole. ``check`` runs between batches (a chunk's lease check), ``fence``
+    immediately before the part becomes visible (default: ``check``)."""
     kind = "object" if table in OBJECT_TABLES else "mapping"
-    with dump.snapshot(host, shard) as conn, dest.open_part(key) as w:
+    with dump.snapshot(host, shard) as conn, dest.open_part(key, fence or check) as w:
         out = formats.Hashed(w)
         source = (dump.lines(conn, table, shard) if fmt == "jsonl"
                   else dump.columns(conn, table, shard))
@@ -195,12 +154,13 @@ def export_chunk(ctx: ChunkContext, table: str, shard: int) -> Outcome:
     dest = open_destination(p["dest"])
     parts = PartLog(ctx.ledger, dest.url)
     folder, name = folder_of(table, date), part_name(shard, fmt)
+    parts.claim(folder, ctx.run_id)  # one run at a time writes a folder
     part = None if p.get("force") else _intact(dest, parts, folder, name)
     skipped = part is not None
     if part is None:
-        withdraw(dest, folder)  # this folder is changing: no success marker until final
+        withdraw(dest, folder, ctx.fence)  # changing: no success marker until final
         host = ctx.router.host_for(shard, p.get("from", "master"))
-        part = dump_part(host, shard, table, fmt, dest, folder + name, ctx.check)
+        part = dump_part(host, shard, table, fmt, dest, folder + name, ctx.check, ctx.fence)
     ctx.check()
     parts.record(folder, part, ctx.run_id)
     finalize(ctx, dest, parts, table)
@@ -230,24 +190,29 @@ def finalize(ctx: ChunkContext, dest: Destination, parts: PartLog, table: str) -
         return False
     with parts.lock(folder):  # one finalizer at a time: the second finds it all written
         have = parts.of_run(folder, ctx.run_id)
-        write_final(dest, folder, manifest_doc(table, p["date"], p["format"], have))
+        write_final(dest, folder, manifest_doc(table, p["date"], p["format"], have),
+                    ctx.fence)
     return True
 
 
-def write_final(dest: Destination, folder: str, manifest: dict) -> None:
-    """Write ``_manifest.json`` (unless identical) and then, last, ``_SUCCESS``."""
+def write_final(dest: Destination, folder: str, manifest: dict,
+                fence: Fence = lambda: None) -> None:
+    """Write ``_manifest.json`` (unless identical) and then, last, ``_SUCCESS``; ``fence``
+    right before each change."""
     body = (json.dumps(manifest, indent=1) + "\n").encode()
     if dest.read(folder + MANIFEST) != body:
-        withdraw(dest, folder)
-        dest.put(folder + MANIFEST, body)
+        withdraw(dest, folder, fence)
+        dest.put(folder + MANIFEST, body, fence)
     elif dest.exists(folder + SUCCESS):
         return
-    dest.put(folder + SUCCESS, b"")
+    dest.put(folder + SUCCESS, b"", fence)
     log.info("export %s%s complete: %d file(s), %d rows", dest.url + "/", folder,
              len(manifest["files"]), manifest["rows"])
 
 
-def withdraw(dest: Destination, folder: str) -> None:
-    """Remove the folder's ``_SUCCESS`` if there is one (before any of its files changes)."""
+def withdraw(dest: Destination, folder: str, fence: Fence = lambda: None) -> None:
+    """Remove the folder's ``_SUCCESS`` if there is one (before any of its files changes);
+    ``fence`` right before the delete."""
     if dest.exists(folder + SUCCESS):
+        fence()
         dest.delete(folder + SUCCESS)

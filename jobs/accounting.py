@@ -40,28 +40,26 @@ DEDUP_BUCKETS = 1 << 16
 MAX_RECORD_ARGS = 4000  # bytes of arguments kept in a failure record
 JOB_PREFIX = FarmJob.redis_job_namespace_prefix
 
-# KEYS: counter, failed items. ARGV: job id, rq job key prefix, items to count, mode ('add':
-# refuse items in flight / 'move': re-point items held by ARGV[5]), holder, n ids,
-# (dedup bucket, id) per id, n commands, then per command: argc, args...
+# KEYS: counter, failed items. ARGV: job id, rq job key prefix, items to count, holder (the
+# job the items come from, or ''), n ids, (dedup bucket, id) per id, n commands, then per
+# command: argc, args... An item is a duplicate while a live job other than the holder carries
+# it; otherwise its entry (re)points to the new job. Nothing is written if any is a duplicate.
 _COMMIT = Script(None, b"""
-local jid, prefix, mode, holder = ARGV[1], ARGV[2], ARGV[4], ARGV[5]
-local n = tonumber(ARGV[6])
-if mode == 'add' then
-  local dups = {}
-  for i = 1, n do
-    local h = redis.call('HGET', ARGV[5 + 2 * i], ARGV[6 + 2 * i])
-    if h and redis.call('EXISTS', prefix .. h) == 1 then dups[#dups + 1] = ARGV[6 + 2 * i] end
-  end
-  if #dups > 0 then return dups end
-end
+local jid, prefix, holder = ARGV[1], ARGV[2], ARGV[4]
+local n = tonumber(ARGV[5])
+local dups = {}
 for i = 1, n do
-  local bucket, id = ARGV[5 + 2 * i], ARGV[6 + 2 * i]
-  if mode == 'add' or redis.call('HGET', bucket, id) == holder then
-    redis.call('HSET', bucket, id, jid)
+  local h = redis.call('HGET', ARGV[4 + 2 * i], ARGV[5 + 2 * i])
+  if h and h ~= holder and redis.call('EXISTS', prefix .. h) == 1 then
+    dups[#dups + 1] = ARGV[5 + 2 * i]
   end
-  if mode == 'add' then redis.call('HDEL', KEYS[2], id) end
 end
-local p = 7 + 2 * n
+if #dups > 0 then return dups end
+for i = 1, n do
+  redis.call('HSET', ARGV[4 + 2 * i], ARGV[5 + 2 * i], jid)
+  if holder == '' then redis.call('HDEL', KEYS[2], ARGV[5 + 2 * i]) end
+end
+local p = 6 + 2 * n
 for c = 1, tonumber(ARGV[p]) do
   local argc = tonumber(ARGV[p + 1])
   redis.call(unpack(ARGV, p + 2, p + 1 + argc))
@@ -145,18 +143,32 @@ def flatten(commands: Sequence[tuple]) -> list:
 
 
 def commit(conn: redis.Redis, queue: str, job_id: str, commands: Sequence[tuple],
-           ids: Sequence[str], count: int, *, move_from: str | None = None,
+           ids: Sequence[str], count: int, *, holder: str = "",
            pipe: Pipeline | None = None) -> Any:
-    """Run a job's recorded writes if none of ``ids`` is in flight; returns the duplicates.
+    """Run a job's recorded writes unless one of ``ids`` is in flight; returns the duplicates.
 
-    With ``move_from``, ids held by that job are re-pointed to ``job_id`` instead (a
-    deferral keeps its items in flight). With ``pipe`` the call is queued on it.
+    ``holder``: the job the items come from (a deferral or a re-dispatch from inside the
+    running job): its entries move to ``job_id``. With ``pipe`` the call is queued on it.
     """
-    mode, holder = ("move", move_from) if move_from else ("add", "")
-    args = [job_id, JOB_PREFIX, count, mode, holder, len(ids), *buckets(queue, ids),
+    args = [job_id, JOB_PREFIX, count, holder, len(ids), *buckets(queue, ids),
             *flatten(commands)]
     return _COMMIT(keys=[keys.items_queued(queue), keys.failed_items(queue)], args=args,
                    client=conn if pipe is None else pipe)
+
+
+def unheld(conn: redis.Redis, queue: str, ids: Sequence[str]) -> list[str]:
+    """Those of ``ids`` no live job carries (two pipelined round trips, nothing written)."""
+    pairs = buckets(queue, ids)
+    with conn.pipeline(transaction=False) as pipe:
+        for i in range(0, len(pairs), 2):
+            pipe.hget(pairs[i], pairs[i + 1])
+        holders = pipe.execute()
+    held = [(item, h.decode()) for item, h in zip(ids, holders, strict=True) if h]
+    with conn.pipeline(transaction=False) as pipe:
+        for _, h in held:
+            pipe.exists(JOB_PREFIX + h)
+        alive = {item for (item, _), n in zip(held, pipe.execute(), strict=True) if n}
+    return [item for item in ids if item not in alive]
 
 
 def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: int,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from jobs import lifecycle, runtime
 
 
-def run_chunk(run_id: str, chunk_id: int) -> None:
-    """Run chunk ``chunk_id`` of ``run_id``; safe to deliver twice or to a zombie."""
-    lifecycle.execute(runtime.get(), run_id, chunk_id)
+def run_chunk(run_id: str, chunk_id: int, timeouts: int = 0) -> None:
+    """Run chunk ``chunk_id`` of ``run_id``; safe to deliver twice or to a zombie.
+    ``timeouts``: how many earlier attempts ran out of time."""
+    lifecycle.execute(runtime.get(), run_id, chunk_id, timeouts)

@@ -76,7 +76,7 @@ def _run_one(fn: Callable, function: str, item: list, conn: redis.Redis, queue: 
             return _fail(conn, queue, function, item, attempts, exc, job_id)
         from jobs.queue import enqueue_later
         enqueue_later(conn, queue, function, [[item[0], kwargs, attempts]],
-                      delay=min(600, 5 * 2 ** (attempts - 1)), move_from=job_id)
+                      delay=min(600, 5 * 2 ** (attempts - 1)), holder=job_id)
         return "deferred"
 
 

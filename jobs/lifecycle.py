@@ -4,6 +4,9 @@ The ledger makes delivery idempotent: a done chunk is skipped, a chunk leased
 to a live worker is skipped, a chunk whose lease expired is taken over with a
 higher fence. Retryable failures go back to ``pending`` with exponential
 backoff and are re-dispatched; fatal ones (bad input, bad config) fail at once.
+An attempt that runs out of its job's time (rq's ``JobTimeoutException``, or the
+handler's own check past the deadline) ends the same clean way, and the next
+attempt gets twice the time. A chunk routes with one shard map from start to end.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ import os
 import random
 import socket
 import threading
+import time
 import uuid
+
+from rq import get_current_job
+from rq.timeouts import JobTimeoutException
 
 from jobs import throttle
 from jobs.dispatch import dispatch_later
 from jobs.runtime import Runtime
 from shardfarm.context import ChunkContext
-from shardfarm.errors import FatalError, FencedError
-from shardfarm.ledger import ClaimRefused, Lease, Ledger, Outcome
+from shardfarm.errors import ChunkTimeoutError, FatalError, FencedError
+from shardfarm.ledger import ClaimRefused, Lease, Outcome
 
 log = logging.getLogger(__name__)
 LEASE_SECONDS = float(os.environ.get("FARM_LEASE_SECONDS", "60"))
@@ -34,23 +41,47 @@ def backoff(attempts: int, base: float = 2.0, cap: float = 300.0) -> float:
 
 
 class Renewer:
-    """Renews a lease every third of its length in a thread; sets ``lost`` if fenced out."""
+    """Renews a chunk's lease every third of its length in a thread, and stops the attempt
+    (sets ``ctx.lost``) when it was taken over or when it could not be renewed before its
+    own deadline (``ctx.deadline``, which ``ctx.check()`` also enforces by itself).
 
-    def __init__(self, ledger: Ledger, lease: Lease, lost: threading.Event) -> None:
-        self.ledger, self.lease, self.lost = ledger, lease, lost
+    A failed renewal is retried every second while the lease may still hold; errors
+    are logged, never swallowed into a lease that silently expires under a live worker.
+    It stops renewing at the attempt's time limit (``ctx.time_limit``), so an attempt
+    stuck past its time loses its lease and the chunk is handed to another worker.
+    """
+
+    def __init__(self, ctx: ChunkContext, seconds: float | None = None) -> None:
+        self.ctx = ctx
+        ctx.lease_seconds = seconds or LEASE_SECONDS
+        ctx.extended(time.monotonic())  # claimed a moment ago; the margin covers the gap
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True, name="lease-renewer")
 
     def _loop(self) -> None:
-        while not self.stop.wait(LEASE_SECONDS / 3):
-            try:
-                self.ledger.renew(self.lease, LEASE_SECONDS)
-            except FencedError:
-                self.lost.set()
+        ctx = self.ctx
+        wait = ctx.lease_seconds / 3
+        while not self.stop.wait(max(0.0, min(wait, ctx.deadline - time.monotonic()))):
+            if time.monotonic() >= ctx.deadline:
+                log.warning("lease of chunk %s of %s not renewed in time; stopping the attempt",
+                            ctx.chunk_id, ctx.run_id)
+                ctx.lost.set()
                 return
-            except Exception:
-                log.warning("could not renew lease of chunk %s", self.lease.chunk_id,
-                            exc_info=True)
+            if ctx.time_limit is not None and time.monotonic() > ctx.time_limit:
+                return
+            since = time.monotonic()
+            try:
+                ctx.ledger.renew(ctx.lease, ctx.lease_seconds)
+            except FencedError:
+                ctx.lost.set()
+                return
+            except Exception as exc:  # noqa: BLE001 - retried until the deadline, then stop
+                log.warning("could not renew lease of chunk %s: %s", ctx.chunk_id,
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                wait = min(1.0, ctx.lease_seconds / 3)
+            else:
+                ctx.extended(since)
+                wait = ctx.lease_seconds / 3
 
     def __enter__(self) -> Renewer:
         self.thread.start()
@@ -61,27 +92,42 @@ class Renewer:
         self.thread.join()
 
 
-def execute(rt: Runtime, run_id: str, chunk_id: int) -> str:
-    """Run one chunk; returns what happened (``done``, ``skipped:<why>``, ``failed``, …)."""
+def time_limit() -> float | None:
+    """When the current rq job's time runs out, less a margin to end the attempt cleanly."""
+    job = get_current_job()
+    timeout = getattr(job, "timeout", None)
+    if not timeout or timeout < 0:
+        return None
+    return time.monotonic() + timeout - min(60.0, timeout * 0.1)
+
+
+def execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int = 0) -> str:
+    """Run one chunk; returns what happened (``done``, ``skipped:<why>``, ``failed``, …).
+
+    A paused run's chunk does nothing (unpausing dispatches it again); ``timeouts``: how
+    many earlier attempts ran out of time (each doubles the job's timeout).
+    """
     run = rt.ledger.run(run_id)
-    why = throttle.reason(rt, run)
-    if why:
-        dispatch_later(rt.redis, run["queue"], run_id, chunk_id, throttle.PAUSE_SECONDS)
+    if run["paused"]:
+        return "skipped:paused"
+    if throttle.reason(rt, run):
+        dispatch_later(rt.redis, run, chunk_id, throttle.PAUSE_SECONDS, timeouts)
         return "throttled"
     claim = rt.ledger.claim(run_id, chunk_id, OWNER, LEASE_SECONDS)
     if isinstance(claim, ClaimRefused):
         if claim.reason == "not_before":
-            dispatch_later(rt.redis, run["queue"], run_id, chunk_id, 2.0)
+            dispatch_later(rt.redis, run, chunk_id, 2.0, timeouts)
         return f"skipped:{claim.reason}"
-    ctx = ChunkContext(rt.settings, rt.router, rt.ledger, claim, run["params"], rt.redis)
-    return _run(rt, run, ctx)
+    ctx = ChunkContext(rt.settings, rt.router.pinned(), rt.ledger, claim, run["params"],
+                       rt.redis, time_limit=time_limit())
+    return _run(rt, run, ctx, timeouts)
 
 
-def _run(rt: Runtime, run: dict, ctx: ChunkContext) -> str:
+def _run(rt: Runtime, run: dict, ctx: ChunkContext, timeouts: int) -> str:
     lease = ctx.lease
     try:
         handler = rt.policy.load_handler(run["params"]["handler"])
-        with Renewer(rt.ledger, lease, ctx.lost):
+        with Renewer(ctx):
             outcome = handler(ctx, **lease.args) or ctx.outcome
             ctx.check()
         rt.ledger.finish(lease, outcome if isinstance(outcome, Outcome) else ctx.outcome)
@@ -89,13 +135,14 @@ def _run(rt: Runtime, run: dict, ctx: ChunkContext) -> str:
         log.warning("chunk %s of %s was taken over; dropping this attempt", lease.chunk_id,
                     lease.run_id)
         return "fenced"
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded with its reason
-        return _failed(rt, run, lease, exc)
+    except (Exception, JobTimeoutException) as exc:  # noqa: BLE001 - every failure is recorded
+        return _failed(rt, run, lease, exc, timeouts)
     rt.ledger.refresh_status(lease.run_id)
     return "done"
 
 
-def _failed(rt: Runtime, run: dict, lease: Lease, exc: BaseException) -> str:
+def _failed(rt: Runtime, run: dict, lease: Lease, exc: BaseException, timeouts: int) -> str:
+    timed_out = isinstance(exc, JobTimeoutException | ChunkTimeoutError)
     fatal = isinstance(exc, FatalError) or lease.attempts >= MAX_ATTEMPTS
     retry_in = None if fatal else backoff(lease.attempts)
     reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
@@ -107,6 +154,6 @@ def _failed(rt: Runtime, run: dict, lease: Lease, exc: BaseException) -> str:
     except FencedError:
         return "fenced"
     if state == "pending":
-        dispatch_later(rt.redis, run["queue"], lease.run_id, lease.chunk_id, retry_in or 1)
+        dispatch_later(rt.redis, run, lease.chunk_id, retry_in or 1, timeouts + timed_out)
     rt.ledger.refresh_status(lease.run_id)
     return "failed" if state == "failed" else "retrying"

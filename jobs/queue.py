@@ -104,21 +104,22 @@ def _job_writes(q: Queue, function: str, items: list[list],
 
 
 def enqueue_later(conn: redis.Redis, queue: str, function: str, items: list[list],
-                  delay: float, *, move_from: str | None = None) -> str:
-    """Schedule one rq job carrying ``items`` ``delay`` seconds from now; returns its ID.
+                  delay: float, *, holder: str = "", timeout: int = JOB_TIMEOUT) -> str | None:
+    """Schedule one rq job carrying ``items`` ``delay`` seconds from now; returns its ID, or
+    None when another live job already carries one of the items (nothing is written).
 
-    ``move_from``: the job the items come from (a deferral), whose dedup entries move along.
+    ``holder``: the job the items come from (a deferral), whose dedup entries move along.
     """
-    q, env = rq_queue(conn, queue), envelope(function, items)
+    q, env = rq_queue(conn, queue), envelope(function, items, timeout=timeout)
     jobs: list = []
     commands = _recorded(conn, lambda rec: jobs.append(q.enqueue_in(
         timedelta(seconds=max(1.0, delay)), ENTRY_POINT, **env["kwargs"], pipeline=rec,
         job_id=new_job_id(),
         job_timeout=env["timeout"], result_ttl=env["result_ttl"],
         failure_ttl=env["failure_ttl"], retry=env["retry"], description=env["description"])))
-    ids = [i[0] for i in items] if move_from else []
-    accounting.commit(conn, queue, jobs[0].id, commands, ids, len(items), move_from=move_from)
-    return jobs[0].id
+    dups = accounting.commit(conn, queue, jobs[0].id, commands, [i[0] for i in items],
+                             len(items), holder=holder)
+    return None if dups else jobs[0].id
 
 
 def _batches(it: Iterable, size: int) -> Iterator[list]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from jobs.dispatch import dispatch
+from jobs.dispatch import dispatch, dispatch_lost
 from jobs.policy import ForbiddenJobError
 from jobs.runtime import Runtime
 from shardfarm.ledger import ChunkSpec
@@ -21,19 +21,40 @@ def start(rt: Runtime, kind: str, handler: str, chunks: Iterable[ChunkSpec],
         raise ForbiddenJobError(refusal)
     params = {**(params or {}), "handler": handler}
     run_id = rt.ledger.create_run(kind, queue, params, chunks)
-    dispatch(rt.redis, queue, run_id, range(rt.ledger.run(run_id)["total_chunks"]))
+    run = rt.ledger.run(run_id)
+    dispatch(rt.redis, run, range(run["total_chunks"]))
     return run_id
 
 
 def resume(rt: Runtime, run_id: str) -> int:
-    """Enqueue again every chunk of the run that is not done (e.g. after Redis lost everything).
+    """Enqueue every unfinished chunk of the run that has no live job (e.g. after Redis lost
+    everything); returns how many. A paused run gets none: unpausing resumes it.
 
-    Chunks still leased to a live worker are skipped by the worker that receives
-    the duplicate; expired leases are taken over.
+    Chunks still leased to a live worker keep their job; expired leases are taken over.
     """
     run = rt.ledger.run(run_id)
     rt.ledger.refresh_status(run_id)
-    return dispatch(rt.redis, run["queue"], run_id, rt.ledger.unfinished(run_id))
+    if run["paused"]:
+        return 0
+    return dispatch_lost(rt.redis, run, rt.ledger.unfinished(run_id))
+
+
+def unpause(rt: Runtime, run_id: str) -> int:
+    """Let workers take the run's chunks again; each unfinished chunk is dispatched once."""
+    rt.ledger.set_paused(run_id, False)
+    return resume(rt, run_id)
+
+
+def retry_failed(rt: Runtime, run_id: str | None = None) -> int:
+    """Failed chunks back to pending with a fresh attempt budget, then every unfinished chunk
+    without a live job dispatched (of ``run_id``, or of every unfinished run); returns how
+    many chunks were dispatched."""
+    run_ids = [run_id] if run_id else rt.ledger.runs(limit=1000, unfinished=True)
+    n = 0
+    for rid in run_ids:
+        rt.ledger.reset_failed(rid)
+        n += resume(rt, rid)
+    return n
 
 
 def summary(rt: Runtime, run_id: str) -> dict:

@@ -10,10 +10,12 @@ from functools import cached_property
 import redis
 
 from jobs.policy import JobPolicy
+from shardfarm.errors import FarmError
 from shardfarm.ledger import Ledger
 from shardfarm.settings import Settings
+from sharding.mapsource import ShardMapSource, bucket_change
 from sharding.router import Router
-from sharding.shardmap import ShardMapSource
+from sharding.shardmap import ShardMap
 
 
 @dataclass
@@ -25,7 +27,22 @@ class Runtime:
     @cached_property
     def router(self) -> Router:
         """Pooled shard connections (one pool per physical server)."""
-        return Router(ShardMapSource(self.settings.shardmap_path))
+        return Router(ShardMapSource(self.settings.shardmap_path, guard=self.reload_guard))
+
+    def reload_guard(self, old: ShardMap, new: ShardMap) -> str | None:
+        """Why a new shard map must not replace ``old`` now: it re-buckets or moves mod
+        buckets while a run is active (``None``: reload)."""
+        change = bucket_change(old, new)
+        if change is None:
+            return None
+        try:
+            active = self.ledger.runs(limit=1, active_only=True)
+        except FarmError as exc:
+            return f"{change}, and whether a run is active is unknown ({exc})"
+        if not active:
+            return None
+        return (f"{change} while run {active[0]} is active; the map is reloaded once no "
+                "run is active ('farm status')")
 
     @cached_property
     def ledger(self) -> Ledger:

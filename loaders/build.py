@@ -16,7 +16,10 @@ from sharding.modshard import bucket_of, legacy_key
 
 @dataclass
 class TargetRows:
-    """Everything one chunk writes, grouped by destination database."""
+    """Everything one chunk writes, grouped by destination database.
+
+    An object row is ``(local_id, data, legacy_id)``: the legacy ID says who owns the slot.
+    """
 
     objects: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
     mappings: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
@@ -46,7 +49,7 @@ class Builder:
 
     def referenced(self, judged: list[tuple[dict, Verdict]]) -> list[tuple]:
         """``(table, legacy_id, shard)`` of every object these rows create or point at whose
-        new ID is not a pure function of it (legacy IDs that do not fit in 36 bits)."""
+        new ID is not a pure function of it (legacy IDs of 2**35 and above, or 0)."""
         out = []
         t = self.table
         for row, v in judged:
@@ -99,6 +102,6 @@ class Builder:
         doc: dict = {"legacy_id": legacy}
         for f, how in self._doc:
             doc[f] = row[f] if how == 0 else iso(row[f]) if how == 1 else new[f]
-        out.objects[(v.shard, t.name)].append((own & ids.MAX_LOCAL, dumps(doc)))
+        out.objects[(v.shard, t.name)].append((own & ids.MAX_LOCAL, dumps(doc), legacy))
         b = bucket_of(legacy_key(t.type_name, legacy), self.buckets)
         out.lookups[(b, "legacy_id_map")].append((self._type_id, legacy, own))

@@ -17,7 +17,6 @@ from shardfarm.dsn import DSN
 from shardfarm.mysqlconn import refused_infile, translate
 from shardfarm.retry import TRANSIENT
 
-SMALL_LIMIT = 1 << 36
 SIGNED_LIMIT = 1 << 63
 IN_BATCH = 1000
 AGG_ROWS = 5000
@@ -146,12 +145,6 @@ class LegacyReader:
                 row = dict(zip(cols, r, strict=True))
                 out[row["id"]] = row
         return out
-
-    def max_small_id(self, table: LegacyTable) -> int:
-        """The largest ID below 2**36 (local IDs the shard must never hand out)."""
-        rows = self.query(f"SELECT COALESCE(MAX(id), 0) FROM `{table.name}` WHERE id < %s",
-                          (SMALL_LIMIT,))
-        return int(rows[0][0])
 
     def count(self, table: LegacyTable) -> int:
         """Rows in ``table``."""

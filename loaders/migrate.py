@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from loaders import claims
 from loaders.build import Builder
 from loaders.legacy import LegacyReader
-from loaders.newids import NewIds
+from loaders.newids import IdCache, NewIds
 from loaders.resolve import Resolver, Verdict, Verdicts, user_placement
 from loaders.spec import ORDER, SPEC, legacy_key
 from loaders.writer import write_all
@@ -38,13 +39,12 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
         raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
     reader = LegacyReader(settings.legacy_dsn)
     try:
-        floors = {t: reader.max_small_id(SPEC[t]) for t in ORDER if SPEC[t].is_object}
         chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi})
                   for t in ORDER for lo, hi in reader.plan(SPEC[t], chunk_rows)]
     finally:
         reader.close()
-    params = {"open_shards": _open_shards(router, ledger), "floors": floors,
-              "chunk_rows": chunk_rows, "kinds": list(ORDER)}
+    params = {"open_shards": _open_shards(router, ledger), "chunk_rows": chunk_rows,
+              "kinds": list(ORDER)}
     return params, chunks
 
 
@@ -65,9 +65,16 @@ def _open_shards(router: Router, ledger: Ledger) -> list[int]:
 
 @dataclass
 class _ProcessState:
+    """What a process keeps across the chunks of one run: never a router (each chunk
+    routes with its own, ``ctx.router``)."""
+
     reader: LegacyReader
-    newids: NewIds
+    id_cache: IdCache
     verdicts: Verdicts
+
+    def newids(self, ctx: ChunkContext) -> NewIds:
+        """New IDs for one chunk: its router, the process's cache."""
+        return NewIds(ctx.router, self.id_cache)
 
 
 _states: dict[tuple, _ProcessState] = {}
@@ -77,8 +84,7 @@ def _state(ctx: ChunkContext) -> _ProcessState:
     key = (os.getpid(), str(ctx.settings.legacy_dsn), ctx.run_id)
     if key not in _states:
         _states.clear()
-        _states[key] = _ProcessState(LegacyReader(ctx.settings.legacy_dsn),
-                                     NewIds(ctx.router, ctx.params["floors"]), Verdicts())
+        _states[key] = _ProcessState(LegacyReader(ctx.settings.legacy_dsn), {}, Verdicts())
     return _states[key]
 
 
@@ -103,8 +109,15 @@ def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     good = [(r, v) for r, v in judged if v.valid]
     bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
     ctx.check()
-    target = Builder(spec, resolver, st.newids, ctx.router.shardmap.buckets).build(good)
-    write_all(ctx.router, ctx.token, target)
+    builder = Builder(spec, resolver, st.newids(ctx), ctx.router.shardmap.buckets)
+    target = builder.build(good)
+    found = claims.survey(ctx.router, target)
+    if found.taken:  # a corrupted target: those rows write nothing at all
+        bad += [(table, legacy_key(spec, r), claims.TAKEN, found.taken[r["id"]])
+                for r, _ in good if r["id"] in found.taken]
+        good = [(r, v) for r, v in good if r["id"] not in found.taken]
+        target = builder.build(good)
+    write_all(ctx.router, ctx.token, target, found.held)
     ctx.ledger.quarantine(ctx.lease, bad)
     return Outcome(rows_read=len(judged), rows_written=len(good), rows_quarantined=len(bad),
                    counts=target.count())

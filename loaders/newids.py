@@ -1,13 +1,18 @@
 """New 64-bit IDs for legacy rows.
 
-A legacy ID below 2**36 becomes the local ID on the row's shard, so the new ID
-is a pure function of the legacy data. A larger legacy ID gets a local ID from
-the shard's AUTO_INCREMENT (raised above every small legacy ID where it is not
-yet, so the two never collide) and ``legacy_id_map`` remembers it: whoever needs
-it first (the row's own chunk or a chunk that references it) allocates it, and a
-race is settled by the mod-shard primary key, the loser giving its placeholder
-back. Allocation is batched: one statement per shard table, one round trip per
-run of mod buckets.
+A legacy ID below 2**35 becomes the local ID on the row's shard, so the new ID
+is a pure function of the legacy data. A larger legacy ID (or 0) gets a local ID
+from the shard's AUTO_INCREMENT, which hands out only 2**35 and above (CONTRACTS
+§4, ``sharding.slots``), so the two halves never meet whatever the legacy data
+holds now or later; ``legacy_id_map`` remembers it: whoever needs it first (the
+row's own chunk or a chunk that references it) allocates it, and a race is
+settled by the mod-shard primary key, the loser giving its placeholder back.
+Allocation is batched: one statement per shard table, one round trip per run of
+mod buckets.
+
+A ``NewIds`` lives for one chunk and routes with that chunk's router; what it
+learnt (big legacy ID -> new ID, immutable once recorded) is kept in a cache the
+process's later chunks share.
 """
 
 from __future__ import annotations
@@ -19,31 +24,32 @@ from functools import partial
 
 import orjson
 
-from loaders.legacy import SMALL_LIMIT
 from loaders.spec import LegacyTable
-from shardfarm.errors import FatalError
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
+from sharding.slots import insert_allocated
 
 MAX_CACHE = 2_000_000
 _TYPE_IDS = ids.TYPES
 UNION_BUCKETS = 200
+SMALL_LIMIT = ids.FIRST_ALLOCATED
+IdCache = dict[tuple[int, int], int]
 
 
 def fits(legacy: int) -> bool:
-    """Whether a legacy ID can be the local ID itself (1 <= id < 2**36)."""
+    """Whether a legacy ID is the local ID itself (1 <= id < 2**35)."""
     return 0 < legacy < SMALL_LIMIT
 
 
 class NewIds:
-    """Resolves legacy IDs to new IDs; big-ID answers are cached for the process's life."""
+    """Resolves legacy IDs to new IDs through ``router`` (one chunk's); big-ID answers go
+    to ``cache``, which may outlive it (a process passes the same one to every chunk)."""
 
-    def __init__(self, router: Router, floors: dict[str, int]) -> None:
+    def __init__(self, router: Router, cache: IdCache | None = None) -> None:
         self.router = router
-        self.floors = floors
-        self.cache: dict[tuple[int, int], int] = {}
+        self.cache: IdCache = {} if cache is None else cache
 
     def known(self, table: LegacyTable, legacy: int) -> bool:
         """Whether ``new_id`` can answer for this legacy ID."""
@@ -53,7 +59,7 @@ class NewIds:
         """The new ID of a legacy object (``prepare`` must have seen it if it is big).
 
         Hot path: the parts are in range by construction (shard from the map, type
-        from the spec, 1 <= legacy < 2**36), so the ID is composed directly.
+        from the spec, 1 <= legacy < 2**35), so the ID is composed directly.
         """
         t = _TYPE_IDS[table.type_name]
         if 0 < legacy < SMALL_LIMIT:
@@ -130,12 +136,10 @@ class NewIds:
         return won
 
     def _placeholders(self, shard: int, table: LegacyTable, n: int) -> list[int]:
-        """Local IDs of ``n`` new inactive rows, all above every small legacy ID.
+        """Local IDs (2**35 and above) of ``n`` new inactive rows.
 
         The rows carry a marker of their own, so they are found again whatever
-        ``innodb_autoinc_lock_mode`` interleaved. Only a shard table whose counter is
-        still at or below the floor (the largest small legacy ID) has it raised first,
-        once for all processes.
+        ``innodb_autoinc_lock_mode`` interleaved.
         """
         q = shard_table(shard, table.name)
         marker = orjson.dumps({"allocating": secrets.token_hex(8)}).decode()
@@ -146,16 +150,7 @@ class NewIds:
             cur.execute(f"SELECT local_id FROM {q} WHERE local_id >= %s AND data = %s "
                         "ORDER BY local_id", (cur.lastrowid, marker))
             return [r[0] for r in cur.fetchall()]
-        floor = int(self.floors.get(table.name, 0))
-        for _ in range(2):
-            got = self.router.run(shard, insert)
-            if got[0] > floor:
-                return got
-            self._give_back(shard, table.name, got)
-            self.router.run(shard, lambda cur: cur.execute(
-                f"ALTER TABLE {q} AUTO_INCREMENT = {floor + 1}"))
-        raise FatalError(f"shard {shard}: AUTO_INCREMENT of {table.name} stays at or below "
-                         f"{floor} after raising it")
+        return insert_allocated(self.router, shard, table.name, insert)
 
     def _give_back(self, shard: int, name: str, locals_: list[int]) -> None:
         """Delete placeholder rows (never a migrated, active row)."""

@@ -9,6 +9,14 @@ died at any step is completed by the next run:
 planned -> copying (rows copied in batches, keyset by user ID, fenced upserts)
         -> active (one transaction flips the directory: readers fan out)
         -> cleaned (the home shard's copies deleted in batches).
+
+Every step is a compare-and-set on the state it expects, fenced on the home shard in
+the same transaction (``Directory.transition``): an actor that stalled and was
+overtaken gets ``StaleStateError`` and stops instead of moving the board backwards.
+The flip to ``active`` holds the entry's lock while it checks that the listed shards
+hold exactly the home rows (writers hold a share lock while they write both places,
+so none is half way then); rows a crashed writer left only on a listed shard are
+removed, and missing ones copied, before the flip.
 """
 
 from __future__ import annotations
@@ -16,10 +24,17 @@ from __future__ import annotations
 from collections import defaultdict
 
 from shardfarm.context import ChunkContext
-from shardfarm.errors import UsageError
+from shardfarm.errors import RetryableError, UsageError
 from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import fencing, ids
-from sharding.hotspot import FOLLOWERS, Directory, Entry, choose_shards, follower_shard
+from sharding.hotspot import (
+    FOLLOWERS,
+    Directory,
+    Entry,
+    choose_shards,
+    expect_state,
+    follower_shard,
+)
 from sharding.router import Router
 from sharding.schema import shard_table
 
@@ -65,20 +80,19 @@ def rebalance_board(ctx: ChunkContext, board: int, spread: int) -> Outcome:
     directory = Directory(ctx.router)
     entry = directory.get(board) or directory.plan(board, choose_shards(ctx.router, board,
                                                                          spread))
-    moved = 0
-    if entry.state == "planned":
-        directory.set_state(board, "copying")
-        after_state(board, "copying")
-        entry = directory.get(board)
-    if entry.state == "copying":
+    state, moved = entry.state, 0
+    if state == "planned":
+        directory.transition(board, "planned", "copying", ctx.token)
+        after_state(board, state := "copying")
+    if state == "copying":
         counts = _copy(ctx, entry)
         moved = sum(counts.values())
-        directory.set_state(board, "active", counts)
-        after_state(board, "active")
-        entry = directory.get(board)
-    if entry.state == "active":
+        directory.transition(board, "copying", "active", ctx.token, counts,
+                             check=lambda cur: _converge(ctx, cur, entry))
+        after_state(board, state := "active")
+    if state == "active":
         _clean(ctx, board)
-        directory.set_state(board, "cleaned")
+        directory.transition(board, "active", "cleaned", ctx.token)
         after_state(board, "cleaned")
     return Outcome(rows_read=moved, rows_written=moved)
 
@@ -122,8 +136,63 @@ def _clean(ctx: ChunkContext, board: int) -> None:
     q = shard_table(home, FOLLOWERS)
     while True:
         def tx(cur) -> int:
+            expect_state(cur, board, "active")
             fencing.check(cur, home, ctx.token)
             return cur.execute(f"DELETE FROM {q} WHERE from_id = %s LIMIT %s", (board, BATCH))
         if not ctx.router.run(home, tx):
             return
         ctx.check()
+
+
+def _count(ctx: ChunkContext, shard: int, board: int, cur=None) -> int:
+    sql = f"SELECT COUNT(*) FROM {shard_table(shard, FOLLOWERS)} WHERE from_id = %s"
+    if cur is None:
+        return ctx.router.query(ctx.router.host_for(shard), sql, (board,), shard)[0][0]
+    cur.execute(sql, (board,))
+    return cur.fetchone()[0]
+
+
+def _converge(ctx: ChunkContext, cur, entry: Entry) -> None:
+    """Inside the flip's transaction (the entry locked, so no writer is half way): make
+    the listed shards hold exactly the home rows. Equal counts prove it, as every home
+    row was copied or written both places; otherwise rows are compared batch by batch."""
+    board = entry.board_id
+    home_n = _count(ctx, ids.shard_of(board), board, cur)
+    if home_n == sum(_count(ctx, s, board) for s in entry.shards):
+        return
+    last = -1
+    while True:
+        cur.execute(f"SELECT to_id, sequence FROM {shard_table(ids.shard_of(board), FOLLOWERS)}"
+                    " WHERE from_id = %s AND to_id > %s ORDER BY to_id LIMIT %s",
+                    (board, last, BATCH))
+        rows = cur.fetchall()
+        hi = rows[-1][0] if len(rows) == BATCH else None
+        for shard in entry.shards:
+            _converge_range(ctx, shard, entry, [r for r in rows if follower_shard(
+                r[0], entry.shards) == shard], last, hi)
+        if hi is None:
+            break
+        last = hi
+    if home_n != sum(_count(ctx, s, board) for s in entry.shards):
+        raise RetryableError("listed shards still differ from the home shard; flip later")
+
+
+def _converge_range(ctx: ChunkContext, shard: int, entry: Entry, want: list[tuple],
+                    lo: int, hi: int | None) -> None:
+    """Make ``shard``'s rows of the board with ``lo < to_id <= hi`` exactly ``want``."""
+    q = shard_table(shard, FOLLOWERS)
+    board, top = entry.board_id, hi if hi is not None else 2**64 - 1
+    wanted = {u for u, _ in want}
+
+    def tx(cur) -> None:
+        fencing.check(cur, shard, ctx.token)
+        cur.execute(f"SELECT to_id FROM {q} WHERE from_id = %s AND to_id > %s AND to_id <= %s",
+                    (board, lo, top))
+        extra = [(board, u) for (u,) in cur.fetchall() if u not in wanted]
+        if extra:
+            cur.executemany(f"DELETE FROM {q} WHERE from_id = %s AND to_id = %s", extra)
+        if want:
+            cur.executemany(f"INSERT INTO {q} (from_id, to_id, sequence) VALUES (%s, %s, %s) "
+                            "ON DUPLICATE KEY UPDATE sequence = VALUES(sequence)",
+                            [(board, u, seq) for u, seq in want])
+    ctx.router.run(shard, tx)

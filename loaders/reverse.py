@@ -3,23 +3,27 @@
 Chunks are (reverse table, source shard[, from_id range]) sized by row count.
 A chunk reads its forward rows in key order, turns ``(a, b, seq)`` into
 ``(b, a, seq)``, regroups them by the shard of the new from ID, and writes them
-with the migration's fenced, idempotent bulk writer. Followers of a hot board
-go where the hotspot directory says (both places while it is being copied),
-never back to a home shard they have left.
+with the migration's fenced, idempotent bulk writer. Followers of a board are
+written by one transaction per home shard that share-locks that shard's hotspot
+directory first: a hot board's rows go to its listed shard (committed before the
+home commit) and home too while it is not spread, so a rebalance can neither flip
+nor clean a board under the writer, and no row lands where no reader looks.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator
 
+from loaders import writer
 from loaders.build import TargetRows
 from loaders.legacy import cut_ranges
 from loaders.writer import write_shards
 from shardfarm.context import ChunkContext
 from shardfarm.errors import UsageError
 from shardfarm.ledger import ChunkSpec, Outcome
-from sharding import ids
-from sharding.hotspot import FOLLOWERS, Directory, Entry, follower_shard
+from sharding import fencing, ids
+from sharding.hotspot import FOLLOWERS, lock_directory, place
 from sharding.router import Router
 from sharding.schema import MAPPING_TABLES, shard_table
 
@@ -52,32 +56,48 @@ def _ranges(router: Router, forward: str, shard: int, chunk_rows: int
     return cut_ranges(groups, chunk_rows)
 
 
-def _destinations(table: str, rows: list[tuple], entries: dict[int, Entry]
-                  ) -> Iterator[tuple[int, tuple]]:
-    for a, b, seq in rows:
-        row = (b, a, seq)
-        entry = entries.get(b) if table == FOLLOWERS else None
-        if entry is None:
-            yield ids.shard_of(b), row
-            continue
-        spread = follower_shard(a, entry.shards)
-        yield spread, row
-        if not entry.spread:
-            yield ids.shard_of(b), row
-
-
 def reverse_chunk(ctx: ChunkContext, table: str, shard: int, lo: int, hi: int) -> Outcome:
     """Chunk handler: write the reverse of forward rows ``lo..hi`` on ``shard``."""
     q = shard_table(shard, REVERSES[table])
     rows = ctx.router.query(ctx.router.host_for(shard),
                             f"SELECT from_id, to_id, sequence FROM {q} WHERE from_id BETWEEN "
                             "%s AND %s ORDER BY from_id, to_id", (lo, hi), shard)
-    entries = (Directory(ctx.router).get_many(sorted({r[1] for r in rows}))
-               if table == FOLLOWERS and rows else {})
-    target = TargetRows()
-    for dest, row in _destinations(table, rows, entries):
-        target.mappings[(dest, table)].append(row)
     ctx.check()
-    write_shards(ctx.router, ctx.token, target)
-    written = sum(len(v) for v in target.mappings.values())
+    if table == FOLLOWERS:
+        written = _write_followers(ctx, [(b, a, seq) for a, b, seq in rows])
+    else:
+        target = TargetRows()
+        for a, b, seq in rows:
+            target.mappings[(ids.shard_of(b), table)].append((b, a, seq))
+        write_shards(ctx.router, ctx.token, target)
+        written = len(rows)
     return Outcome(rows_read=len(rows), rows_written=written, counts={table: written})
+
+
+def _write_followers(ctx: ChunkContext, rows: list[tuple]) -> int:
+    """Follower rows, one transaction per home shard (a few at a time); returns rows written."""
+    by_home: dict[int, list[tuple]] = defaultdict(list)
+    for row in rows:
+        by_home[ids.shard_of(row[0])].append(row)
+    written: list[int] = []
+    writer.run_parallel([(_write_home, ctx, home, group, written)
+                         for home, group in sorted(by_home.items())], writer.WRITE_THREADS)
+    return sum(written)
+
+
+def _write_home(ctx: ChunkContext, home: int, rows: list[tuple], written: list[int]) -> None:
+    """In one home-shard transaction: lock the directory, commit hot boards' rows on their
+    listed shards, load the home rows, commit."""
+    def tx(cur) -> int:
+        entries = lock_directory(cur, home)
+        fencing.check(cur, home, ctx.token)
+        home_rows, spread = place(rows, entries)
+        if spread:
+            target = TargetRows()
+            for shard, group in spread.items():
+                target.mappings[(shard, FOLLOWERS)] = group
+            write_shards(ctx.router, ctx.token, target, threads=1)
+        if home_rows:
+            writer.load_rows(cur, shard_table(home, FOLLOWERS), "mapping", home_rows)
+        return len(home_rows) + sum(len(g) for g in spread.values())
+    written.append(ctx.router.run(home, tx, infile=True))

@@ -51,24 +51,42 @@ class Checker:
         self.problems.append((self.table.name, str(self.owner.get(key, key)), target, problem))
 
     def objects(self, shard: int, name: str, rows: list[tuple]) -> None:
-        """Every expected object row exists, is active and holds exactly the document."""
-        want = dict(rows)
+        """Every expected object row exists, is active and holds exactly the document, and
+        no slot is claimed by two legacy rows (e.g. two legacy IDs mapped to one new ID)."""
+        claims: dict[int, list[tuple[str, int]]] = defaultdict(list)
+        for local, doc, legacy in rows:
+            claims[local].append((doc, legacy))
         got = {r[0]: r for r in _select_in(
             self.router, shard, f"SELECT local_id, data, active FROM {shard_table(shard, name)} "
-            "WHERE local_id IN ({marks})", list(want), 1)}
-        t = ids.TYPES[self.table.type_name]
-        for local, doc in want.items():
-            new = ids.encode(shard, t, local)
+            "WHERE local_id IN ({marks})", list(claims), 1)}
+        for local, wanted in claims.items():
             row = got.get(local)
-            if row is None:
-                self._bad(new, name, f"missing on shard {shard}")
-            elif not row[2]:
-                self._bad(new, name, "soft-deleted")
-            elif loads(row[1]) != loads(doc):
-                diff = sorted(k for k, v in loads(doc).items() if loads(row[1]).get(k) != v)
-                self._bad(new, name, f"data differs: {', '.join(diff) or 'extra keys'}")
+            if len(wanted) > 1:
+                who = ", ".join(str(legacy) for _, legacy in wanted)
+                for _, legacy in wanted:
+                    self.problems.append((self.table.name, str(legacy), name,
+                                          f"local_id {local} on shard {shard} is claimed by "
+                                          f"legacy {who}"))
+            else:
+                self._object(shard, name, local, wanted[0][0], row)
             if row is not None:
                 self.found.append(canon_object(name, shard, local, loads(row[1]), row[2]))
+
+    def _object(self, shard: int, name: str, local: int, doc: str, row: tuple | None) -> None:
+        """Compare one slot with the one document expected there."""
+        new = ids.encode(shard, ids.TYPES[self.table.type_name], local)
+        if row is None:
+            self._bad(new, name, f"missing on shard {shard}")
+        elif not row[2]:
+            self._bad(new, name, "soft-deleted")
+        elif loads(row[1]) != loads(doc):
+            want, have = loads(doc), loads(row[1])
+            if have.get("legacy_id") != want["legacy_id"]:
+                self._bad(new, name, f"local_id {local} on shard {shard} holds legacy "
+                                     f"{have.get('legacy_id')}")
+                return
+            diff = sorted(k for k, v in want.items() if have.get(k) != v)
+            self._bad(new, name, f"data differs: {', '.join(diff) or 'extra keys'}")
 
     def mappings(self, shard: int, name: str, rows: list[tuple]) -> None:
         """Every expected mapping row exists on the from ID's shard with its sequence."""
@@ -162,9 +180,8 @@ def _quarantined_but_present(ctx: ChunkContext, table: LegacyTable, bad: list) -
     """A quarantined object that has a ``legacy_id_map`` entry was migrated after all."""
     if not table.is_object or not bad:
         return []
-    st = _state(ctx)
     keys = [(ids.TYPES[table.type_name], r["id"]) for r, _ in bad]
-    found = st.newids._lookup(keys)
+    found = _state(ctx).newids(ctx)._lookup(keys)
     return [(table.name, str(legacy), "legacy_id_map", "quarantined row has a new ID")
             for (_, legacy) in found]
 
@@ -174,9 +191,10 @@ def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     st = _state(ctx)
     spec = SPEC[table]
     resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
-    builder = Builder(spec, resolver, st.newids, ctx.router.shardmap.buckets)
+    newids = st.newids(ctx)
+    builder = Builder(spec, resolver, newids, ctx.router.shardmap.buckets)
     good = [(r, v) for r, v in judged if v.valid]
-    st.newids.prepare(builder.referenced(good), allocate=False)
+    newids.prepare(builder.referenced(good), allocate=False)
     missing = [(r, v) for r, v in good if not builder.resolvable(r, v)]
     good = [(r, v) for r, v in good if builder.resolvable(r, v)]
     expected = builder.build(good, allocate=False)
@@ -207,7 +225,7 @@ def _compare(checker: Checker, expected: TargetRows) -> None:
 def _expected_items(expected: TargetRows) -> list[str]:
     """Canonical text of every expected row (shared e-mail/username lookups excluded)."""
     out = [canon_object(n, s, local, loads(doc), 1)
-           for (s, n), rows in expected.objects.items() for local, doc in rows]
+           for (s, n), rows in expected.objects.items() for local, doc, _ in rows]
     out += [f"m|{n}|{a}|{b}|{c}" for (_, n), rows in expected.mappings.items()
             for a, b, c in rows]
     out += [f"l|{n}|{t}|{legacy}|{new}" for (_, n), rows in expected.lookups.items()

@@ -1,9 +1,13 @@
 """Bulk writes grouped by destination: one transaction per shard, round trips per mod server.
 
-Shard tables are written with ``LOAD DATA LOCAL INFILE … REPLACE`` in primary-key
-order, after the chunk's fencing token is checked on that shard, in one
-transaction, on connections allowed ``LOCAL INFILE`` (no other connection is):
-running it twice leaves the same rows. Mod-bucket rows (a few per bucket,
+Shard tables are written with ``LOAD DATA LOCAL INFILE`` in primary-key order,
+after the chunk's fencing token is checked on that shard, in one transaction, on
+connections allowed ``LOCAL INFILE`` (no other connection is): running it twice
+leaves the same rows. Mapping rows are loaded with ``REPLACE`` (a row's key is its
+owner). An object row never replaces a row it does not own (``loaders.claims``):
+slots the chunk's survey found empty are loaded with ``IGNORE``, and only slots
+locked and confirmed as the row's own (or all of them, if an ``IGNORE`` skipped
+any) are loaded with ``REPLACE``. Mod-bucket rows (a few per bucket,
 thousands of buckets) are idempotent upserts sent to each mod server as
 multi-statement round trips of ``MOD_TX_STATEMENTS`` statements, on connections
 allowed multi-statements, each round trip one transaction. Measured on MariaDB
@@ -23,6 +27,7 @@ from contextlib import suppress
 from functools import partial
 from pathlib import Path
 
+from loaders import claims
 from loaders.build import TargetRows
 from sharding import fencing
 from sharding.fencing import FenceToken
@@ -34,12 +39,13 @@ WRITE_THREADS = 2
 MOD_TX_STATEMENTS = 64
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 COLUMNS = {"object": "(local_id, data, active)", "mapping": "(from_id, to_id, sequence)"}
+LOAD_MODES = {"REPLACE": "REPLACE", "IGNORE": "IGNORE"}
 
 MOD_UPSERT = {
-    # Small legacy IDs map by a pure function (the latest placement wins); a big legacy
-    # ID keeps the local ID the shard gave it first.
+    # Small legacy IDs (below 2**35) map by a pure function (the latest placement wins); a
+    # big legacy ID keeps the local ID the shard gave it first.
     "legacy_id_map": ("(type_id, legacy_id, new_id)", "ON DUPLICATE KEY UPDATE new_id = "
-                      "IF(legacy_id BETWEEN 1 AND 68719476735, VALUES(new_id), new_id)"),
+                      "IF(legacy_id BETWEEN 1 AND 34359738367, VALUES(new_id), new_id)"),
     "username_to_user": ("(username, user_id)",
                          "ON DUPLICATE KEY UPDATE user_id = LEAST(user_id, VALUES(user_id))"),
     "email_to_user": ("(email, user_id)",
@@ -52,7 +58,7 @@ def _tsv(kind: str, rows: list[tuple]) -> str:
     if kind == "object":
         rows = sorted(rows)
         return "".join(f"{local}\t{data.replace(chr(92), chr(92) * 2)}\t1\n"
-                       for local, data in rows)
+                       for local, data, _ in rows)
     return "".join(f"{a}\t{b}\t{c}\n" for a, b, c in sorted(rows))
 
 
@@ -69,24 +75,44 @@ def sweep_temp(max_age: float = 3600) -> int:
     return n
 
 
-def _load(cur, q: str, kind: str, rows: list[tuple]) -> None:
+def load_rows(cur, q: str, kind: str, rows: list[tuple], mode: str = "REPLACE") -> int:
+    """Inside a shard transaction: ``LOAD DATA LOCAL INFILE … REPLACE`` (or ``IGNORE``) of
+    ``rows`` into ``q`` (``kind`` is ``object`` or ``mapping``); returns the rows affected.
+    The connection must allow ``LOCAL INFILE``."""
     fd, path = tempfile.mkstemp(prefix="farm-", suffix=".tsv", dir=TMP)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(_tsv(kind, rows))
-        cur.execute(f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE {q} CHARACTER SET utf8mb4 "
-                    f"{COLUMNS[kind]}", (path,))
+        return cur.execute(f"LOAD DATA LOCAL INFILE %s {LOAD_MODES[mode]} INTO TABLE {q} "
+                           f"CHARACTER SET utf8mb4 {COLUMNS[kind]}", (path,))
     finally:
         os.unlink(path)
 
 
+def _load_objects(cur, shard: int, table: str, rows: list[tuple], held: set[int]) -> None:
+    """Object rows into their slots, never over a row they do not own: new slots with
+    ``IGNORE``; slots held by their own row (``held``), or every slot if the ``IGNORE``
+    skipped some, locked, confirmed and then replaced."""
+    q = shard_table(shard, table)
+    mine = [r for r in rows if r[0] in held]
+    new = [r for r in rows if r[0] not in held] if held else rows
+    if new and load_rows(cur, q, "object", new, "IGNORE") < len(new):
+        mine = rows  # a slot was filled since the survey: whose it is decides
+    if mine:
+        claims.confirm_owned(cur, shard, q, mine)
+        load_rows(cur, q, "object", mine)
+
+
 def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
-                 threads: int = WRITE_THREADS) -> None:
+                 threads: int = WRITE_THREADS,
+                 held: dict[tuple[int, str], set[int]] | None = None) -> None:
     """Objects and mapping rows, one fenced transaction per shard, a few shards at a time.
 
+    ``held``: per shard table, the slots the chunk's survey found held by their own row.
     The worker only waits on the servers here, so overlapping transactions (each on
     its own pooled connection) keeps the servers busy while one commits.
     """
+    held = held or {}
     per_shard: dict[int, list[tuple[str, str, list]]] = defaultdict(list)
     for (shard, table), items in rows.objects.items():
         per_shard[shard].append((table, "object", items))
@@ -97,20 +123,24 @@ def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
         def tx(cur) -> None:
             fencing.check(cur, shard, token)
             for table, kind, items in groups:
-                _load(cur, shard_table(shard, table), kind, items)
+                if kind == "object":
+                    _load_objects(cur, shard, table, items, held.get((shard, table), set()))
+                else:
+                    load_rows(cur, shard_table(shard, table), kind, items)
         router.run(shard, tx, infile=True)  # the only connections that send files
-    _parallel([(one, shard, groups) for shard, groups in sorted(per_shard.items())], threads)
+    run_parallel([(one, shard, groups) for shard, groups in sorted(per_shard.items())], threads)
 
 
-def write_all(router: Router, token: FenceToken | None, rows: TargetRows) -> None:
+def write_all(router: Router, token: FenceToken | None, rows: TargetRows,
+              held: dict[tuple[int, str], set[int]] | None = None) -> None:
     """Mod-bucket lookups and shard rows at the same time; returns when both landed."""
     with ThreadPoolExecutor(1, thread_name_prefix="mod-writer") as pool:
         mod = pool.submit(write_mod, router, rows)
-        write_shards(router, token, rows)
+        write_shards(router, token, rows, held=held)
         mod.result()
 
 
-def _parallel(calls: list[tuple], threads: int) -> None:
+def run_parallel(calls: list[tuple], threads: int) -> None:
     """Run ``fn(*args)`` for each call on a thread pool; the first error is raised."""
     if len(calls) <= 1 or threads <= 1:
         for fn, *args in calls:

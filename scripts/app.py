@@ -7,8 +7,8 @@ from functools import cached_property
 
 from jobs.runtime import Runtime
 from shardfarm.settings import Settings
+from sharding.mapsource import ShardMapSource
 from sharding.router import Router
-from sharding.shardmap import ShardMapSource
 
 
 @dataclass

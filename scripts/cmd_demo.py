@@ -99,15 +99,17 @@ def own_workers(app: App, count: int) -> Iterator[subprocess.Popen]:
                 "FARM_SHARDMAP": str(app.settings.shardmap_path or ""),
                 "FARM_EXPORT_URL": app.settings.export_url})
     proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count", str(count)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     try:
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        except subprocess.TimeoutExpired:  # the supervisor and every worker it started
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _wait(app: App, run_id: str) -> str:
@@ -228,7 +230,7 @@ def _verify(app: App, run_id: str, tag: dict) -> RunResult:
     rt = app.runtime
     of = rt.ledger.run(run_id)["params"]
     _, chunks = migration.plan(app.settings, app.router, rt.ledger, of["chunk_rows"])
-    params = {k: of[k] for k in ("open_shards", "floors", "kinds", "chunk_rows")}
+    params = {k: of[k] for k in ("open_shards", "kinds", "chunk_rows")}
     vid = runs.start(rt, "verify", verifier.HANDLER, chunks,
                      {**params, "of_run": run_id, "demo": tag})
     return verify_result(rt, vid, _wait(app, vid))

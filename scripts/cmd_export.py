@@ -55,6 +55,7 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
     preflight(app)
     params, chunks = exporter.plan(app.router, date, dest or app.settings.export_url,
                                    _tables(tables), fmt, role, force)
+    exporter.refuse_overlap(app.runtime.ledger, params)
     warn_without_workers(app)
     run_id = runs.start(app.runtime, "export", exporter.HANDLER, chunks, params)
     finish(app, run_id, wait)

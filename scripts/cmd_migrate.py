@@ -73,7 +73,7 @@ def verify(app: App, run_id: str | None) -> None:
     warn_without_workers(app)
     p = of["params"]
     _, chunks = migration.plan(app.settings, app.router, rt.ledger, p["chunk_rows"])
-    params = {k: p[k] for k in ("open_shards", "floors", "kinds", "chunk_rows")}
+    params = {k: p[k] for k in ("open_shards", "kinds", "chunk_rows")}
     vid = runs.start(rt, "verify", verifier.HANDLER, chunks, {**params, "of_run": run_id})
     bar = RunProgress(vid)
     try:

@@ -75,9 +75,8 @@ def pause(app: App, run_id: str) -> None:
 @click.argument("run_id")
 @farm_options
 def unpause(app: App, run_id: str) -> None:
-    """Let workers take chunks of RUN_ID again (its unfinished chunks are re-enqueued)."""
-    app.runtime.ledger.set_paused(run_id, False)
-    n = runs.resume(app.runtime, run_id)
+    """Let workers take chunks of RUN_ID again (each unfinished chunk is dispatched once)."""
+    n = runs.unpause(app.runtime, run_id)
     emit({"run_id": run_id, "paused": False, "enqueued": n})
 
 
@@ -104,13 +103,10 @@ def failed(app: App, run_id: str | None, as_json: bool) -> None:
 @click.option("--run", "run_id", default=None, help="Only this run (default: every run).")
 @farm_options
 def retry_failed(app: App, run_id: str | None) -> None:
-    """Re-enqueue failed chunks (and failed enqueued items) with a fresh attempt budget."""
+    """Re-enqueue failed chunks with a fresh attempt budget, and every unfinished chunk that
+    has no job (and failed enqueued items)."""
     rt = app.runtime
-    run_ids = [run_id] if run_id else sorted({r["run_id"] for r in rt.ledger.failures()})
-    chunks = 0
-    for rid in run_ids:
-        if rt.ledger.reset_failed(rid):
-            chunks += runs.resume(rt, rid)
+    chunks = runs.retry_failed(rt, run_id)
     items, kept = 0, []
     if not run_id:
         for queue in status.queue_names(rt):

@@ -126,6 +126,7 @@ def rq_queue_keys(conn: redis.Redis, name: str) -> int:
     q.delete(delete_jobs=True)
     n += conn.delete(q.intermediate_queue_key, q.registry_cleaning_key,
                      RQScheduler.get_locking_key(name))
+    n += _delete_matching(conn, f"{q.intermediate_queue_key}:first_seen:*")  # rq's cleanup marks
     return n
 
 

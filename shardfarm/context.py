@@ -5,11 +5,13 @@ Handlers live in ``loaders/`` and ``exporters/``; they know nothing of rq.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from shardfarm.errors import FencedError
+from shardfarm.errors import ChunkTimeoutError, FencedError
 from shardfarm.ledger import Lease, Ledger, Outcome
 from shardfarm.settings import Settings
 from sharding.fencing import FenceToken
@@ -28,6 +30,14 @@ class ChunkContext:
     redis: Any = None
     lost: threading.Event = field(default_factory=threading.Event)
     outcome: Outcome = field(default_factory=Outcome)
+    time_limit: float | None = None  # time.monotonic() by which the attempt must end
+    lease_seconds: float = 60.0
+    deadline: float = math.inf  # time.monotonic() by which the lease may have expired
+
+    def extended(self, since: float) -> None:
+        """The lease was renewed by a statement sent at ``since`` (``time.monotonic()``):
+        it holds until ``since + lease_seconds`` at least; stop a margin before that."""
+        self.deadline = since + self.lease_seconds - min(5.0, self.lease_seconds / 5)
 
     @property
     def token(self) -> FenceToken:
@@ -45,6 +55,29 @@ class ChunkContext:
         return self.lease.chunk_id
 
     def check(self) -> None:
-        """Raise ``FencedError`` if the lease was lost (call between batches)."""
-        if self.lost.is_set():
+        """Between batches: ``FencedError`` if the lease was lost or may have expired (the
+        renewer was fenced out, or could not renew it in time), ``ChunkTimeoutError`` if the
+        attempt's time is up (it ends cleanly and is tried again with more time)."""
+        if self.lost.is_set() or time.monotonic() >= self.deadline:
+            self.lost.set()
             raise FencedError(f"chunk {self.chunk_id} of run {self.run_id}: lease lost")
+        if self.time_limit is not None and time.monotonic() > self.time_limit:
+            raise ChunkTimeoutError(f"chunk {self.chunk_id} of run {self.run_id} ran out of "
+                                    "its job's time")
+
+    def fence(self) -> None:
+        """Prove the lease is still this attempt's, right before a result becomes visible.
+
+        Renews it in the control database (a compare-and-set on the fence): on return
+        no other attempt can take the chunk for ``lease_seconds``, so the step that
+        follows at once (a rename, a multipart completion) cannot land after a
+        successor's. ``FencedError`` if it was taken over or lost.
+        """
+        self.check()
+        since = time.monotonic()
+        try:
+            self.ledger.renew(self.lease, self.lease_seconds)
+        except FencedError:
+            self.lost.set()
+            raise
+        self.extended(since)

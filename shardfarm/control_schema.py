@@ -80,6 +80,18 @@ STATEMENTS: list[str] = [
   written_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3),
   KEY by_folder (folder, run_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # Which export run writes a folder (sha256(dest NUL "table/dt=date/")): one at a time.
+    """CREATE TABLE IF NOT EXISTS export_claims (
+  folder CHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+  run_id VARCHAR(40) NOT NULL,
+  claimed_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # Short leases (e.g. a folder's finalizer): a row, not a connection's GET_LOCK.
+    """CREATE TABLE IF NOT EXISTS export_locks (
+  name CHAR(64) CHARACTER SET ascii NOT NULL PRIMARY KEY,
+  token CHAR(32) CHARACTER SET ascii NOT NULL,
+  expires DATETIME(3) NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
     # The last schedule slot each 'farm cron' entry fired for (durable: a lost Redis neither
     # re-fires a night nor forgets one).
     """CREATE TABLE IF NOT EXISTS cron_state (

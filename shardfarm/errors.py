@@ -71,3 +71,13 @@ class UnreachableError(TransientDatabaseError):
 
 class FencedError(FatalError):
     """A zombie worker tried to write after its lease was handed to someone else."""
+
+
+class ChunkTimeoutError(RetryableError):
+    """A chunk ran out of its job's time: the attempt ends cleanly and the chunk is tried
+    again later with twice the time."""
+
+
+class StaleStateError(FatalError):
+    """A workflow transition found its record in another state than it expected: the actor
+    is stale (another moved the world on) and must stop, not retry."""

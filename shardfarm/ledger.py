@@ -155,9 +155,12 @@ class Ledger:
         out["paused"] = bool(out["paused"])
         return out
 
-    def runs(self, limit: int = 20, active_only: bool = False) -> list[str]:
-        """Newest run IDs first."""
-        where = "WHERE status IN ('running', 'paused')" if active_only else ""
+    def runs(self, limit: int = 20, active_only: bool = False,
+             unfinished: bool = False) -> list[str]:
+        """Newest run IDs first: all, active ones (running or paused), or those with a chunk
+        not done (failed runs included)."""
+        where = ("WHERE status IN ('running', 'paused')" if active_only else
+                 "WHERE status <> 'done'" if unfinished else "")
         return [r[0] for r in self._rows(
             f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s", (limit,))]
 
@@ -257,12 +260,22 @@ class Ledger:
             f"SELECT chunk_id FROM chunks WHERE run_id = %s AND state IN ({marks}) "
             "ORDER BY chunk_id", (run_id, *states))]
 
-    def expired(self, limit: int = 1000) -> list[tuple[str, int]]:
-        """Running chunks whose lease expired (their worker died): ``(run_id, chunk_id)``."""
-        return [(r[0], r[1]) for r in self._rows(
-            "SELECT c.run_id, c.chunk_id FROM chunks c JOIN runs r ON r.run_id = c.run_id "
-            "WHERE r.status = 'running' AND c.state = 'running' AND c.lease_expires < NOW(3) "
-            "LIMIT %s", (limit,))]
+    def expire_leases(self) -> int:
+        """Give every chunk whose lease expired (its worker died) back as ``pending``, noting
+        why, paused runs included; returns how many. The zombie, if any, is fenced out."""
+        return self._exec("UPDATE chunks SET state = 'pending', lease_owner = NULL, "
+                          "lease_expires = NULL, last_error = 'lease expired: its worker was "
+                          "lost' WHERE state = 'running' AND lease_expires < NOW(3)")
+
+    def dispatchable(self, limit: int = 10_000) -> dict[str, list[int]]:
+        """Pending chunks of every running, unpaused run: ``run_id -> chunk IDs``."""
+        out: dict[str, list[int]] = {}
+        for run_id, chunk_id in self._rows(
+                "SELECT c.run_id, c.chunk_id FROM chunks c JOIN runs r ON r.run_id = c.run_id "
+                "WHERE r.status = 'running' AND r.paused = 0 AND c.state = 'pending' "
+                "ORDER BY c.run_id, c.chunk_id LIMIT %s", (limit,)):
+            out.setdefault(run_id, []).append(chunk_id)
+        return out
 
     def reset_failed(self, run_id: str) -> int:
         """Failed chunks back to pending with a fresh attempt budget; returns how many."""

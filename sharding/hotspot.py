@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+from collections import defaultdict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sharding import ids
+from shardfarm.errors import StaleStateError
+from sharding import fencing, ids
+from sharding.fencing import FenceToken
 from sharding.mappings import Edge, Page, decode_cursor, encode_cursor
 from sharding.router import Router
 from sharding.schema import shard_table
@@ -29,6 +33,7 @@ DIRECTORY = "board_followedby_user_shard"
 FOLLOWERS = "board_followedby_users"
 STATES = ("planned", "copying", "active", "cleaned")
 SPREAD_STATES = ("active", "cleaned")
+TRANSITIONS = {("planned", "copying"), ("copying", "active"), ("active", "cleaned")}
 
 
 @dataclass(frozen=True)
@@ -111,18 +116,51 @@ class Directory:
         self.router.run(home, tx)
         return self.get(board_id)
 
-    def set_state(self, board_id: int, state: str, counts: dict[int, int] | None = None) -> None:
-        """Move every row of the board's entry to ``state`` in one transaction."""
-        assert state in STATES
+    def transition(self, board_id: int, expected: str, new: str, token: FenceToken | None,
+                   counts: dict[int, int] | None = None,
+                   check: Callable[[object], None] | None = None) -> None:
+        """Compare-and-set the board's state from ``expected`` to ``new`` on its home shard.
+
+        One transaction: lock the entry, raise ``StaleStateError`` unless every row is in
+        ``expected``, check the chunk's fence on the home shard, run ``check(cur)`` (which
+        may raise to refuse the step), then ``UPDATE ... WHERE state = expected``. A stale
+        actor's transition therefore fails instead of moving the board backwards.
+        """
+        if (expected, new) not in TRANSITIONS:
+            raise ValueError(f"no transition {expected!r} -> {new!r}")
         home = ids.shard_of(board_id)
         q = shard_table(home, DIRECTORY)
 
         def tx(cur) -> None:
-            cur.execute(f"UPDATE {q} SET state = %s WHERE board_id = %s", (state, board_id))
-            for shard, n in (counts or {}).items():
+            cur.execute(f"SELECT DISTINCT state FROM {q} WHERE board_id = %s FOR UPDATE",
+                        (board_id,))
+            _expect(home, [r[0] for r in cur.fetchall()], expected)
+            fencing.check(cur, home, token)
+            if check:
+                check(cur)
+            n = cur.execute(f"UPDATE {q} SET state = %s WHERE board_id = %s AND state = %s",
+                            (new, board_id, expected))
+            if not n:
+                _expect(home, [], expected)
+            for shard, rows in (counts or {}).items():
                 cur.execute(f"UPDATE {q} SET row_count = %s WHERE board_id = %s AND shard = %s",
-                            (n, board_id, shard))
+                            (rows, board_id, shard))
         self.router.run(home, tx)
+
+
+def _expect(home: int, states: list[str], expected: str) -> None:
+    """Raise ``StaleStateError`` unless ``states`` is exactly ``[expected]``."""
+    if states != [expected]:
+        seen = ",".join(s if s in STATES else "?" for s in states) or "none"
+        raise StaleStateError(f"hot board on shard {home}: directory state is {seen}, "
+                              f"expected {expected}; a stale actor stops here")
+
+
+def expect_state(cur, board_id: int, expected: str) -> None:
+    """Inside a home-shard transaction: share-lock the board's entry and raise
+    ``StaleStateError`` unless it is in ``expected`` (the lock holds it there until commit)."""
+    entry = _entry_in(cur, board_id, lock=True)
+    _expect(ids.shard_of(board_id), [entry.state] if entry else [], expected)
 
 
 def _page_sql(shard: int, after: tuple[int, int] | None) -> tuple[str, list]:
@@ -180,20 +218,51 @@ def _upsert(cur, shard: int, board_id: int, user_id: int, sequence: int) -> None
                 (board_id, user_id, sequence))
 
 
+def lock_directory(cur, home: int) -> dict[int, Entry]:
+    """Inside a home-shard transaction: share-lock the whole directory of ``home`` (its rows
+    and gaps) and return its entries. Until commit no board homed there can be planned or
+    change state, so rows placed by ``place`` go where readers will look."""
+    cur.execute(f"SELECT board_id, shard, state FROM {shard_table(home, DIRECTORY)} "
+                "ORDER BY board_id, shard LOCK IN SHARE MODE")
+    by_board: dict[int, list[tuple]] = defaultdict(list)
+    for board, shard, state in cur.fetchall():
+        by_board[board].append((shard, state))
+    return {b: Entry(b, rs[0][1], tuple(s for s, _ in rs)) for b, rs in by_board.items()}
+
+
+def place(rows: Iterable[tuple[int, int, int]], entries: dict[int, Entry]
+          ) -> tuple[list[tuple], dict[int, list[tuple]]]:
+    """Split ``(board, user, seq)`` rows into home rows and rows per listed shard: a hot
+    board's row goes to its follower shard, and home too while the board is not spread."""
+    home: list[tuple] = []
+    spread: dict[int, list[tuple]] = defaultdict(list)
+    for row in rows:
+        entry = entries.get(row[0])
+        if entry is not None:
+            spread[follower_shard(row[1], entry.shards)].append(row)
+        if entry is None or not entry.spread:
+            home.append(row)
+    return home, dict(spread)
+
+
 def add_follower(router: Router, board_id: int, user_id: int, sequence: int) -> None:
     """The write path: add a follower row where readers of every state will find it.
 
-    The home write share-locks the board's directory entry (or its gap), so a
-    rebalance cannot be planned, switched or cleaned in the middle of it.
+    One home-shard transaction share-locks the board's directory entry (or its gap), so
+    the board cannot be planned, flipped or cleaned until it commits; inside it, the row is
+    first committed on its listed shard (if the board is hot), then written home (unless
+    the board is spread), and the home commit comes last. A crash before that commit leaves
+    at most a listed-shard row that no reader sees, which the flip's completeness check
+    removes (``loaders.rebalance``); a crash after it leaves the row everywhere it belongs.
     """
     home = ids.shard_of(board_id)
+    row = (board_id, user_id, sequence)
 
-    def at_home(cur) -> Entry | None:
+    def at_home(cur) -> None:
         entry = _entry_in(cur, board_id, lock=True)
-        if not (entry and entry.spread):
-            _upsert(cur, home, board_id, user_id, sequence)
-        return entry
-    entry = router.run(home, at_home)
-    if entry:
-        spread = follower_shard(user_id, entry.shards)
-        router.run(spread, lambda cur: _upsert(cur, spread, board_id, user_id, sequence))
+        home_rows, spread = place([row], {board_id: entry} if entry else {})
+        for shard in spread:
+            router.run(shard, lambda c, s=shard: _upsert(c, s, *row))
+        if home_rows:
+            _upsert(cur, home, *row)
+    router.run(home, at_home)

@@ -11,6 +11,7 @@ from sharding import ids
 from sharding.jsondoc import dumps, loads
 from sharding.router import Router
 from sharding.schema import TABLE_OF_TYPE, shard_table
+from sharding.slots import insert_allocated
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,16 @@ class ObjectStore:
         self.router = router
 
     def create(self, shard: int, type_: int | str, data: dict) -> int:
-        """Insert a new object on ``shard``; the shard's AUTO_INCREMENT assigns the local ID."""
+        """Insert a new object on ``shard``; the shard's AUTO_INCREMENT assigns the local ID,
+        always from 2**35 up (below are legacy IDs' slots, CONTRACTS §4)."""
         t = ids.type_id(type_)
         q = shard_table(shard, _table(t))
 
-        def insert(cur) -> int:
+        def insert(cur) -> list[int]:
             cur.execute(f"INSERT INTO {q} (data) VALUES (%s)", (dumps(data),))
-            return cur.lastrowid
-        return ids.encode(shard, t, self.router.run(shard, insert))
+            return [cur.lastrowid]
+        (local,) = insert_allocated(self.router, shard, _table(t), insert)
+        return ids.encode(shard, t, local)
 
     def get(self, id_: int, include_inactive: bool = False) -> StoredObject:
         """One object, or ``NotFoundError``."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sharding.router import Router
 from sharding.schema import mod_ddl, shard_ddl
 from sharding.shardmap import Host
+from sharding.slots import raise_counters
 
 
 @dataclass(frozen=True)
@@ -22,14 +23,17 @@ class ProvisionReport:
     seconds: float
 
 
-def _plan(router: Router) -> list[tuple[Host, list[str]]]:
+Work = tuple[Host, list[str], int | None]  # host, DDL, the shard (None: a mod bucket)
+
+
+def _plan(router: Router) -> list[Work]:
     m = router.shardmap
-    work = [(m.master(s), shard_ddl(s)) for s in m.shards()]
-    work += [(m.mod_master(b), mod_ddl(b)) for b in range(m.buckets)]
+    work: list[Work] = [(m.master(s), shard_ddl(s), s) for s in m.shards()]
+    work += [(m.mod_master(b), mod_ddl(b), None) for b in range(m.buckets)]
     return work
 
 
-def _interleave(work: list[tuple[Host, list[str]]]) -> list[tuple[Host, list[str]]]:
+def _interleave(work: list[Work]) -> list[Work]:
     """Round-robin across servers so every server is busy from the start."""
     by_server: dict[tuple, list] = {}
     for item in work:
@@ -43,11 +47,15 @@ def _interleave(work: list[tuple[Host, list[str]]]) -> list[tuple[Host, list[str
     return out
 
 
-def _run_ddl(router: Router, host: Host, statements: list[str]) -> None:
+def _run_ddl(router: Router, host: Host, statements: list[str], shard: int | None) -> None:
+    """Create one database's tables; on a shard, lift object tables' AUTO_INCREMENT that
+    is still below 2**35 (tables made before the local ID space was split)."""
     def attempt() -> None:
         with router.connection(host) as conn, conn.cursor() as cur:
             for sql in statements:
                 cur.execute(sql)
+            if shard is not None:
+                raise_counters(cur, shard)
     router.policy.call(attempt)
 
 
@@ -56,9 +64,9 @@ def init_databases(router: Router, threads_per_server: int = 4,
     """Create every database and table of the map on its master; safe to run again."""
     start = time.monotonic()
     work = _interleave(_plan(router))
-    servers = {h.server for h, _ in work}
+    servers = {item[0].server for item in work}
     with ThreadPoolExecutor(max_workers=max(1, threads_per_server * len(servers))) as pool:
-        futures = [pool.submit(_run_ddl, router, h, stmts) for h, stmts in work]
+        futures = [pool.submit(_run_ddl, router, *item) for item in work]
         for f in as_completed(futures):
             f.result()
             if progress:

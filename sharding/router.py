@@ -12,6 +12,7 @@ INFILE`` (the shard writer), ``multi=True`` for multi-statements (the mod writer
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -21,8 +22,9 @@ import pymysql
 import pymysql.cursors
 
 from shardfarm.retry import TRANSIENT, RetryPolicy
+from sharding.mapsource import FixedSource, ShardMapSource
 from sharding.pool import Pool
-from sharding.shardmap import Host, ShardMap, ShardMapSource
+from sharding.shardmap import Host, ShardMap
 
 T = TypeVar("T")
 Role = Literal["master", "slave"]
@@ -31,7 +33,7 @@ Role = Literal["master", "slave"]
 class Router:
     """Finds the host of a shard and lends pooled connections, one pool per physical server."""
 
-    def __init__(self, source: ShardMapSource, *, pool_size: int = 16,
+    def __init__(self, source: ShardMapSource | FixedSource, *, pool_size: int = 16,
                  policy: RetryPolicy = TRANSIENT) -> None:
         self.source = source
         self.pool_size = pool_size
@@ -43,6 +45,13 @@ class Router:
     def shardmap(self) -> ShardMap:
         """The current shard map (re-read when its file changes)."""
         return self.source.current()
+
+    def pinned(self) -> Router:
+        """A view of this router that routes with today's map until dropped (a chunk's
+        router: one map version from start to end). It shares this router's pools."""
+        view = copy.copy(self)
+        view.source = FixedSource(self.shardmap)
+        return view
 
     def host_for(self, shard: int, role: Role = "master") -> Host:
         """The host holding ``shard`` in the current map."""

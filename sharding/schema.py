@@ -39,11 +39,12 @@ MAPPING_TABLES: dict[str, MappingTable] = {m.name: m for m in [
     _M("pin_liked_by_users", TYPES["pin"], TYPES["user"], reverse_of="user_likes_pins"),
 ]}
 
+# Local IDs below 2**35 are legacy IDs; the shard allocates from ids.FIRST_ALLOCATED = 2**35 up.
 _OBJECT_DDL = """CREATE TABLE IF NOT EXISTS {q} (
   local_id BIGINT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
   data JSON NOT NULL,
   active TINYINT(1) NOT NULL DEFAULT 1
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
+) ENGINE=InnoDB AUTO_INCREMENT=34359738368 DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"""
 
 _MAPPING_DDL = """CREATE TABLE IF NOT EXISTS {q} (
   from_id BIGINT UNSIGNED NOT NULL,

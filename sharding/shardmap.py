@@ -1,8 +1,8 @@
 """The shard map (CONTRACTS §3): which host pair holds each shard range and mod bucket range.
 
 Loading validates everything and refuses a bad map with a message naming the
-entry. Lookups are O(log n) bisections over sorted ranges. ``ShardMapSource``
-re-reads the file when it changes, keeping the last good map if the new one is bad.
+entry. Lookups are O(log n) bisections over sorted ranges. ``sharding.mapsource``
+re-reads the file when it changes.
 """
 
 from __future__ import annotations
@@ -11,10 +11,7 @@ import bisect
 import itertools
 import json
 import logging
-import os
 import re
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,43 +343,3 @@ def demo_map_doc() -> dict:
                 "ranges": [{"range": [0, 2047], "master": "MySQL001A", "slave": "MySQL001B"},
                            {"range": [2048, 4095], "master": "MySQL002A", "slave": "MySQL002B"}]},
     }
-
-
-class ShardMapSource:
-    """Caches the map and reloads it when the file changes (checked at most every ``interval``)."""
-
-    def __init__(self, path: Path | None, interval: float = 1.0) -> None:
-        self.path = path
-        self.interval = interval
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
-        self._checked = 0.0
-        self._map = ShardMap.load(path) if path else ShardMap.from_dict(demo_map_doc())
-        if path:
-            self._stamp = self._stat()
-
-    def _stat(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self.path)  # type: ignore[arg-type]
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
-
-    def current(self) -> ShardMap:
-        """The newest valid map; a changed file is re-read, a bad new version is logged."""
-        if self.path is None or time.monotonic() - self._checked < self.interval:
-            return self._map
-        with self._lock:
-            self._checked = time.monotonic()
-            stamp = self._stat()
-            if stamp and stamp != self._stamp:
-                self._stamp = stamp
-                try:
-                    self._map = ShardMap.load(self.path)
-                    log.info("reloaded shard map %s: %r", self.path, self._map)
-                except ShardMapError as exc:
-                    log.error("keeping the previous shard map: %s", exc)
-                except Exception as exc:  # noqa: BLE001 - a running process keeps its map
-                    log.error("keeping the previous shard map: %s could not be read (%s)",
-                              self.path, type(exc).__name__)
-        return self._map

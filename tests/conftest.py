@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from shardfarm.settings import Settings
+from sharding.mapsource import ShardMapSource
 from sharding.provision import init_databases
 from sharding.router import Router
-from sharding.shardmap import ShardMapSource
 from tests.servers import PrivateMariaDB, mysql_alive, redis_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,3 +160,23 @@ def ledger(settings):
     led = Ledger(settings.control_dsn)
     yield led
     led.close()
+
+
+@pytest.fixture
+def env(farm_env, ledger, router) -> dict[str, str]:
+    """A farm environment with 3 s leases (workers killed in a test are replaced quickly) on
+    an empty Redis database, emptied again after the test."""
+    e = {**farm_env, "FARM_LEASE_SECONDS": "3", "FARM_LOG_LEVEL": "INFO"}
+    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
+    yield e
+    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
+
+
+@pytest.fixture
+def rt(settings, env):
+    """A runtime (router, ledger, Redis) of the test setup, closed after the test."""
+    from jobs.runtime import Runtime
+    r = Runtime(settings)
+    yield r
+    r.close()
+

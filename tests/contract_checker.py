@@ -52,6 +52,7 @@ REVERSE = {"pin_owned_by_board": "board_has_pins",
 HOTSPOT_TABLE = "board_followedby_user_shard"
 MOD_TABLES = ("legacy_id_map", "username_to_user", "email_to_user")
 LOCAL_BITS = 36
+ALLOCATED = 1 << 35  # local IDs from here up are the shard's to allocate (CONTRACTS §4)
 BATCH = 200
 ABSENT = "<absent>"
 
@@ -319,8 +320,11 @@ def check_id_row(target: Target, name: str, legacy_id: int, rows: list[tuple[int
     if shard not in target.shard_host:
         probs.add("id map", f"{key} -> id {new_id} on shard {shard} not in the shard map")
         return None
-    if legacy_id < 1 << LOCAL_BITS and local != legacy_id:
+    if 0 < legacy_id < ALLOCATED and local != legacy_id:
         probs.add("id map", f"{key} -> id {new_id} has local {local}, want {legacy_id}")
+    if not 0 < legacy_id < ALLOCATED and local < ALLOCATED:
+        probs.add("id map", f"{key} -> id {new_id} has local {local}, want one allocated "
+                            f"from {ALLOCATED} up")
     return new_id
 
 

@@ -68,3 +68,67 @@ def flaky_once(key: str, value: int) -> None:
     if get_current_job().connection.set(f"test:flaked:{key}", 1, nx=True):
         raise RuntimeError(f"first run of {key} fails")
     record(key, value)
+
+
+def sleepy(ctx, seconds: float) -> None:
+    """Chunk handler that sleeps ``seconds`` without looking at the clock (rq's own timeout is
+    what stops it), then records its attempt in Redis."""
+    import time
+
+    from shardfarm.ledger import Outcome
+    time.sleep(seconds)
+    ctx.redis.rpush(f"test:sleepy:{ctx.run_id}", ctx.lease.attempts)
+    return Outcome(rows_written=1)
+
+
+def mod_ports(ctx, buckets: list[int], key: str) -> None:
+    """Chunk handler: for each bucket, ask its mod server (through the chunk's router) for its
+    port and record it in Redis list ``key``; half way, say ``<key>:half`` and wait for
+    ``<key>:go`` (a barrier the test releases after changing the map)."""
+    from shardfarm.ledger import Outcome
+    half = len(buckets) // 2
+    for i, bucket in enumerate(buckets):
+        if i == half:
+            ctx.redis.set(f"{key}:half", 1)
+            if not ctx.redis.blpop([f"{key}:go"], timeout=60):
+                raise RuntimeError("the test never released the barrier")
+        port = ctx.router.run_mod(bucket, lambda cur: (cur.execute("SELECT @@port"),
+                                                       cur.fetchone()[0])[1])
+        ctx.redis.rpush(key, port)
+    return Outcome(rows_read=len(buckets))
+
+
+def export_frozen(ctx, table: str, shard: int, freeze_once: str, part_size: int = 0):
+    """``exporters.export.export_chunk``, but the first attempt to get there (the one that
+    creates the file ``freeze_once``, writing its PID) freezes its whole process with
+    SIGSTOP at the start of its part's ``commit()``: after the part's bytes are written
+    (and, with ``part_size``, uploaded as multipart parts of that size), before the
+    rename or the upload's completion and anything those do first."""
+    import os
+    import signal
+
+    from exporters import destinations, export
+
+    def freezing(commit):
+        def wrapped(self):
+            key = str(getattr(self, "target", getattr(self, "key", "")))
+            if "/part-" in key:
+                try:
+                    fd = os.open(freeze_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                except FileExistsError:
+                    return commit(self)
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return commit(self)
+        wrapped.frozen = True
+        return wrapped
+
+    for cls in (destinations.FileWriter, destinations.S3Writer):
+        if not getattr(cls.commit, "frozen", False):
+            cls.commit = freezing(cls.commit)
+    if part_size:
+        destinations.MIN_PART = destinations.PART_SIZE = part_size
+        init = destinations.S3Writer.__init__
+        init.__defaults__ = (part_size, *init.__defaults__[1:])
+    return export.export_chunk(ctx, table, shard)

@@ -5,7 +5,9 @@ the independent checker finds nothing."""
 import json
 import os
 import random
+import re
 import signal
+import subprocess
 import time
 
 import pymysql
@@ -19,14 +21,44 @@ from tests.farmkit import children, start_workers, stop
 from tests.migratekit import last_json, quarantine_rows, truncate_target
 
 
-def _kill_connections(port: int) -> int:
-    """KILL every client connection on the server except this one."""
+def _suite_pids() -> set[int]:
+    """This test process and every process it started (workers, farm commands)."""
+    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True)
+    parent = {int(a): int(b) for a, b in (line.split() for line in out.stdout.splitlines())}
+    mine, grew = {os.getpid()}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return mine
+
+
+def _client_ports(port: int, pids: set[int]) -> set[int]:
+    """Local ports of the TCP connections ``pids`` hold to 127.0.0.1:``port``."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", "dst", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True)
+    ports = set()
+    for line in out.stdout.splitlines():
+        owners = {int(p) for p in re.findall(r"pid=(\d+)", line)}
+        local = line.split()[2] if line.split()[0].isdigit() else line.split()[3]
+        if owners & pids:
+            ports.add(int(local.rsplit(":", 1)[1]))
+    return ports
+
+
+def _kill_connections(port: int, shared: bool = False) -> int:
+    """KILL every client connection on the server except this one; on a ``shared`` server
+    only the connections of this suite's processes (other suites may be running there)."""
+    ports = _client_ports(port, _suite_pids()) if shared else None
     conn = pymysql.connect(host="127.0.0.1", port=port, user="root", autocommit=True)
     killed = 0
     with conn.cursor() as cur:
-        cur.execute("SELECT id FROM information_schema.processlist WHERE id <> CONNECTION_ID() "
-                    "AND command NOT IN ('Daemon', 'Binlog Dump') AND user = 'root'")
-        for (pid,) in cur.fetchall():
+        cur.execute("SELECT id, host FROM information_schema.processlist "
+                    "WHERE id <> CONNECTION_ID() AND command NOT IN ('Daemon', 'Binlog Dump') "
+                    "AND user = 'root'")
+        for pid, host in cur.fetchall():
+            if ports is not None and int(str(host).rsplit(":", 1)[-1] or 0) not in ports:
+                continue
             try:
                 cur.execute("KILL CONNECTION %s", (pid,))
                 killed += 1
@@ -63,7 +95,8 @@ def test_migration_survives_chaos(farm_env, settings, router, ledger, server_b, 
                 done["sigkill"] += 1
 
         def mysql_kill():
-            done["mysql_kill"] += _kill_connections(3306) + _kill_connections(server_b.port)
+            done["mysql_kill"] += (_kill_connections(3306, shared=True)
+                                   + _kill_connections(server_b.port))
 
         def flush_and_resume():
             conn.flushdb()  # Redis lost everything mid-run

@@ -23,7 +23,8 @@ from tests.servers import PrivateMariaDB
 S0, S1 = 65500, 65501
 BUCKETS = 4
 LEGACY_DB = ns_db("legacy_chk_test")
-BIG = 2**36 + 5  # a legacy id too large to be a local id
+BIG = 2**35 + 5  # a legacy id too large to be a local id (2**35 and up are allocated)
+BIG_LOCAL = 2**35 + 7  # the local id the shard allocated to it
 
 
 def nid(shard: int, type_id: int, local: int) -> int:
@@ -92,7 +93,7 @@ LEGACY_DDL = [
 ]
 
 # ------------------------------------------------------------------ target rows
-U1, U2, U4, UBIG = nid(S0, 3, 1), nid(S1, 3, 2), nid(S0, 3, 4), nid(S1, 3, 7)
+U1, U2, U4, UBIG = nid(S0, 3, 1), nid(S1, 3, 2), nid(S0, 3, 4), nid(S1, 3, BIG_LOCAL)
 B10, P100, P101, C1000 = nid(S0, 2, 10), nid(S0, 1, 100), nid(S0, 1, 101), nid(S0, 4, 1000)
 
 OBJECTS = {  # table -> [(shard, local_id, data)]
@@ -103,7 +104,7 @@ OBJECTS = {  # table -> [(shard, local_id, data)]
                  "full_name": None, "created_at": iso(t(2))}),
         (S0, 4, {"legacy_id": 4, "username": "Zoë🌸", "email": None,
                  "full_name": TRICKY, "created_at": iso(t(4))}),
-        (S1, 7, {"legacy_id": BIG, "username": "big", "email": "big@x.com",
+        (S1, BIG_LOCAL, {"legacy_id": BIG, "username": "big", "email": "big@x.com",
                  "full_name": "Big", "created_at": iso(t(5))})],
     "boards": [(S0, 10, {"legacy_id": 10, "user_id": U1, "name": "Recipes",
                          "description": None, "created_at": iso(t(6))})],
@@ -295,6 +296,15 @@ MUTATIONS = {
         f"UPDATE {user_key_bucket('bob')}.username_to_user SET user_id = {U1}"],
     "missing email": [f"DELETE FROM {user_key_bucket('big@x.com')}.email_to_user "
                       "WHERE email = 'big@x.com'"],
+    "allocated local id in the legacy half": [  # every reference moved along with it
+        f"UPDATE db{S1}.users SET local_id = 7 WHERE local_id = {BIG_LOCAL}",
+        f"UPDATE {id_bucket('user', BIG)}.legacy_id_map SET new_id = {nid(S1, 3, 7)} "
+        f"WHERE type_id = 3 AND legacy_id = {BIG}",
+        f"UPDATE {user_key_bucket('big')}.username_to_user SET user_id = {nid(S1, 3, 7)} "
+        "WHERE username = 'big'",
+        f"UPDATE {user_key_bucket('big@x.com')}.email_to_user SET user_id = {nid(S1, 3, 7)} "
+        "WHERE email = 'big@x.com'",
+        f"UPDATE db{S1}.user_likes_pins SET from_id = {nid(S1, 3, 7)} WHERE from_id = {UBIG}"],
     "extra email": [f"INSERT INTO {user_key_bucket('zoë@x.com')}.email_to_user "
                     f"VALUES ('zoë@x.com', {U4})"],
 }

@@ -227,7 +227,7 @@ def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
     assert emails.job_ids == jobs and all(emails.fetch_job(j) for j in jobs)
     assert emails.failed_job_registry.get_job_ids() == ["mail-failed"]
     assert r.smembers("rq:queues") == {b"rq:queue:emails"}
-    assert not left & farm  # every key the demo's farm made is gone
+    assert not left & farm, sorted(left & farm)  # every key the demo's farm made is gone
 
 
 def test_verify_mismatches_count_as_a_failure_with_their_first_rows(ledger, settings):

@@ -16,8 +16,8 @@ from shardfarm.db import connect
 from shardfarm.dsn import DSN
 from shardfarm.errors import DatabaseError, PermanentDatabaseError, UnreachableError
 from shardfarm.ledger import Ledger
+from sharding.mapsource import ShardMapSource
 from sharding.router import Router
-from sharding.shardmap import ShardMapSource
 from tests.conftest import SHARDS_B, make_map_doc, run_farm
 from tests.servers import free_port
 

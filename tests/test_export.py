@@ -239,6 +239,7 @@ def test_changed_part_withdraws_success_until_final(router, ledger, s3, data):
         out = export.export_chunk(ChunkContext(None, router, ledger, lease, p), "users",
                                   shards[i])
         ledger.finish(lease, out)
+        ledger.refresh_status(run_id)  # as a worker does: a finished run lets the next write
         return out
 
     folder = f"users/dt={DATE}/"
@@ -302,9 +303,9 @@ class Recording(FileDestination):
         super().__init__(root)
         self.writes: list[str] = []
 
-    def put(self, key, data):
+    def put(self, key, data, *fence):
         self.writes.append(key.rsplit("/", 1)[-1])
-        super().put(key, data)
+        super().put(key, data, *fence)
 
 
 def test_manifest_then_success_written_last_and_only_once(tmp_path):

@@ -5,12 +5,9 @@ import os
 import signal
 import time
 
-import pytest
-import redis
 from rq import Worker
 
 from jobs import runs
-from jobs.runtime import Runtime
 from shardfarm import keys
 from shardfarm.ledger import ChunkSpec
 from sharding import ids
@@ -21,19 +18,6 @@ from tests.farmkit import children, start_workers, stop, until
 HANDLER = "tests.kinds.write_edges"
 
 
-@pytest.fixture
-def env(farm_env, ledger, router):
-    e = {**farm_env, "FARM_LEASE_SECONDS": "3", "FARM_LOG_LEVEL": "INFO"}
-    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
-    yield e
-    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
-
-
-@pytest.fixture
-def rt(settings, env):
-    r = Runtime(settings)
-    yield r
-    r.close()
 
 
 def chunks(base: int, n: int, count: int = 200, pause: float = 0.0):

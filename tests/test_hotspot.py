@@ -101,8 +101,8 @@ def test_reader_during_rebalance_sees_every_follower_once(rt, router, hot_board,
     seen, stop, errors = [], threading.Event(), []
 
     def reader():
+        from sharding.mapsource import ShardMapSource
         from sharding.router import Router
-        from sharding.shardmap import ShardMapSource
         r = Router(ShardMapSource(router.source.path))
         while not stop.is_set():
             got = _all_followers(r, board)
@@ -187,7 +187,7 @@ def test_write_path_during_and_after_rebalance(rt, router, hot_board):
     _reverse(rt, router, ["board_followedby_users"])
     d = hotspot.Directory(router)
     d.plan(board, hotspot.choose_shards(router, board, 3))
-    d.set_state(board, "copying")
+    d.transition(board, "planned", "copying", None)
     early = ids.encode(SHARDS_B[0], "user", 950_000_001)
     hotspot.add_follower(router, board, early, 1_600_000_000)
     spread = hotspot.follower_shard(early, d.get(board).shards)

@@ -84,7 +84,7 @@ def test_second_full_run_changes_nothing(migrated, farm_env, server_b):
 def test_verify_reports_corruption_with_legacy_key(migrated, farm_env, settings, router):
     conn = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn))
     with conn.cursor() as cur:
-        cur.execute("SELECT id FROM pins WHERE id < (1 << 36) ORDER BY id LIMIT 1")
+        cur.execute("SELECT id FROM pins WHERE id < (1 << 35) ORDER BY id LIMIT 1")
         (pin_legacy,) = cur.fetchone()
     conn.close()
     from sharding.shardmap import ShardMap
@@ -128,7 +128,7 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
         params, chunks = migration.plan(settings, rt.router, rt.ledger, 700)
         params["handler"] = migration.HANDLER
         # The reference: the same chunks, in the same order, never killed. (Local IDs of
-        # legacy IDs >= 2**36 come from AUTO_INCREMENT in allocation order, so a run that
+        # legacy IDs >= 2**35 come from AUTO_INCREMENT in allocation order, so a run that
         # allocates in another order, e.g. with parallel workers, may number them otherwise.)
         truncate_target(server_b.port)
         _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks),
@@ -139,11 +139,11 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
         pin_chunk = next(i for i, c in enumerate(chunks) if c.kind == "pins")
         real = writer.write_shards
 
-        def die_half_way(router, token, rows):
+        def die_half_way(router, token, rows, **kw):
             first = next(iter(rows.objects))
             partial = type(rows)()
             partial.objects[first] = rows.objects[first][: len(rows.objects[first]) // 2]
-            real(router, token, partial)
+            real(router, token, partial, **kw)
             raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
         monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
         monkeypatch.setattr(writer, "write_shards", die_half_way)

@@ -8,23 +8,34 @@ from sharding import ids
 from sharding.schema import shard_table
 from tests.conftest import SHARDS_A, SHARDS_B
 
-FLOORS = {"users": 5_000_000, "boards": 5_000_000, "pins": 5_000_000, "comments": 5_000_000}
+FLOOR = ids.FIRST_ALLOCATED - 1  # every allocated local ID is above: 2**35 and up
 
 
 def test_small_ids_are_a_pure_function(router):
-    n = NewIds(router, FLOORS)
+    n = NewIds(router)
     assert n.new_id(SPEC["pins"], 42, SHARDS_B[0]) == ids.encode(SHARDS_B[0], "pin", 42)
+    top = 2**35 - 1
+    assert n.new_id(SPEC["pins"], top, SHARDS_B[0]) == ids.encode(SHARDS_B[0], "pin", top)
 
 
-def test_big_and_zero_ids_are_allocated_once_above_the_floor(router):
+def test_ids_from_2_35_up_are_allocated_never_copied(router):
+    shard = SHARDS_A[0] + 4
+    n = NewIds(router)
+    n.prepare([(SPEC["users"], 2**35, shard), (SPEC["users"], 2**36 - 1, shard)])
+    got = {n.new_id(SPEC["users"], legacy, shard) for legacy in (2**35, 2**36 - 1)}
+    assert len(got) == 2 and all(ids.decode(g).local >= 2**35 for g in got)
+    assert ids.encode(shard, "user", 2**36 - 1) not in got  # allocated, not copied
+
+
+def test_big_and_zero_ids_are_allocated_once_from_2_35_up(router):
     shard = SHARDS_A[0] + 6
     for legacy in (2**40 + 12345, 0, 2**64 - 7):
-        first = NewIds(router, FLOORS)
+        first = NewIds(router)
         first.prepare([(SPEC["boards"], legacy, shard)])
         new = first.new_id(SPEC["boards"], legacy, shard)
         d = ids.decode(new)
-        assert (d.shard, d.type_name) == (shard, "board") and d.local > FLOORS["boards"]
-        again = NewIds(router, FLOORS)  # another process finds it through legacy_id_map
+        assert (d.shard, d.type_name) == (shard, "board") and d.local > FLOOR
+        again = NewIds(router)  # another process finds it through legacy_id_map
         again.prepare([(SPEC["boards"], legacy, shard)])
         assert again.new_id(SPEC["boards"], legacy, shard) == new
 
@@ -35,7 +46,7 @@ def test_racing_allocations_agree_and_losers_give_back(router):
     results, barrier = [], threading.Barrier(4)
 
     def allocate():
-        n = NewIds(router, FLOORS)
+        n = NewIds(router)
         barrier.wait()
         n.prepare([(SPEC["pins"], legacy, shard)])
         results.append(n.new_id(SPEC["pins"], legacy, shard))
@@ -48,7 +59,7 @@ def test_racing_allocations_agree_and_losers_give_back(router):
     q = shard_table(shard, "pins")
     placeholders = router.query(router.host_for(shard),
                                 f"SELECT COUNT(*) FROM {q} WHERE active = 0 AND local_id > %s",
-                                (FLOORS["pins"],), shard)[0][0]
+                                (FLOOR,), shard)[0][0]
     assert placeholders == 1  # only the winner's row remains
 
 
@@ -62,7 +73,7 @@ def test_batched_allocations_race_agree_and_leave_one_row_each(router):
     results, barrier = [], threading.Barrier(2)
 
     def allocate(part):
-        n = NewIds(router, FLOORS)
+        n = NewIds(router)
         barrier.wait()
         n.prepare(part)
         results.append({legacy: n.new_id(tbl, legacy, shard) for tbl, legacy, shard in part})
@@ -77,10 +88,10 @@ def test_batched_allocations_race_agree_and_leave_one_row_each(router):
     assert len(set(every.values())) == 60
     for legacy, new in every.items():
         d = ids.decode(new)
-        assert d.shard == shards[(legacy - 2**45) % 2] and d.local > FLOORS["comments"]
+        assert d.shard == shards[(legacy - 2**45) % 2] and d.local > FLOOR
     for shard in shards:
         q = shard_table(shard, "comments")
         rows = router.query(router.host_for(shard), f"SELECT local_id FROM {q} WHERE active = 0 "
-                            "AND local_id > %s", (FLOORS["comments"],), shard)
+                            "AND local_id > %s", (FLOOR,), shard)
         assert sorted(r[0] for r in rows) == sorted(
             ids.decode(n).local for n in every.values() if ids.decode(n).shard == shard)

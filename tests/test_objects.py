@@ -18,8 +18,21 @@ def store(router):
 def test_create_assigns_local_id_on_the_shard(store):
     oid = store.create(SHARDS_A[0] + 1, "pin", {"details": "hello"})
     d = ids.decode(oid)
-    assert (d.shard, d.type_name) == (SHARDS_A[0] + 1, "pin") and d.local >= 1
+    assert (d.shard, d.type_name) == (SHARDS_A[0] + 1, "pin") and d.local >= 2**35
     assert store.get(oid).data == {"details": "hello"}
+
+
+def test_create_never_takes_a_legacy_slot_even_after_a_truncate(store, router):
+    """A table truncated by hand (counter back to 1) still allocates from 2**35 up, and the
+    insert that got a lower ID is rolled back, not left behind."""
+    from sharding.schema import shard_table
+    shard = SHARDS_B[0] + 2
+    q = shard_table(shard, "comments")
+    router.run(shard, lambda cur: cur.execute(f"TRUNCATE TABLE {q}"))
+    oid = store.create(shard, "comment", {"body": "after truncate"})
+    assert ids.decode(oid).local == 2**35
+    rows = router.query(router.host_for(shard), f"SELECT local_id FROM {q}", (), shard)
+    assert rows == [(2**35,)]
 
 
 def test_get_many_across_servers_in_requested_order(store):

@@ -21,9 +21,10 @@ from shardfarm.db import connect
 from shardfarm.dsn import DSN
 from shardfarm.errors import DatabaseError, FarmError
 from shardfarm.ledger import Ledger
+from sharding.mapsource import ShardMapSource
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
-from sharding.shardmap import Host, ShardMapSource
+from sharding.shardmap import Host
 from tests.conftest import SHARDS_A, make_map_doc
 
 SECRET = b"TOP-SECRET-worker-private-key-1234567890"

@@ -21,8 +21,8 @@ def _tables(port: int, like: str) -> dict[str, set[str]]:
 
 def test_every_table_on_its_master(router, server_b):
     expected = {*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard", "chunk_fences"}
-    a = _tables(3306, "db650%")
-    b = _tables(server_b.port, "db650%")
+    a = _tables(3306, "db6%")  # the suite's namespace (FARM_TEST_NS) picks among db6xxxx
+    b = _tables(server_b.port, "db6%")
     for s in range(SHARDS_A[0], SHARDS_A[1] + 1):
         assert a[f"db{s:05d}"] == expected
         assert f"db{s:05d}" not in b
@@ -39,3 +39,21 @@ def test_init_is_idempotent_and_keeps_rows(router):
     rep = init_databases(router)
     assert rep.shards == 16 and rep.buckets == TEST_BUCKETS and rep.servers == 2
     assert ObjectStore(router).get(oid).data == {"username": "keep"}
+
+
+def test_init_lifts_object_counters_to_the_allocated_half(router):
+    """Tables made before the local ID space was split (counter below 2**35) are raised;
+    a counter already above stays where it is."""
+    from sharding.schema import shard_table
+    low, high = SHARDS_A[0] + 5, SHARDS_B[0] + 5
+    for shard, counter in ((low, 1000), (high, 2**35 + 500)):
+        q = shard_table(shard, "comments")
+        router.run(shard, lambda cur, q=q, c=counter: (
+            cur.execute(f"TRUNCATE TABLE {q}"),
+            cur.execute(f"ALTER TABLE {q} AUTO_INCREMENT = {c}")))
+    init_databases(router)
+    for shard, want in ((low, 2**35), (high, 2**35 + 500)):
+        got = router.query(router.host_for(shard), "SELECT AUTO_INCREMENT FROM "
+                           "information_schema.tables WHERE table_schema = %s AND "
+                           "table_name = 'comments'", (f"db{shard:05d}",), shard)
+        assert got[0][0] == want

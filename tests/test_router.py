@@ -5,9 +5,9 @@ import pytest
 
 from shardfarm.errors import DatabaseError, UnreachableError
 from shardfarm.retry import RetryPolicy
+from sharding.mapsource import ShardMapSource
 from sharding.router import Router
 from sharding.schema import shard_table
-from sharding.shardmap import ShardMapSource
 from tests.conftest import SHARDS_A, SHARDS_B
 
 

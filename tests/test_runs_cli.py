@@ -4,29 +4,11 @@ import json
 import threading
 
 import pymysql
-import pytest
-import redis
 
 from jobs import runs
-from jobs.runtime import Runtime
 from shardfarm.ledger import ChunkSpec
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
-
-
-@pytest.fixture
-def env(farm_env, ledger, router):
-    e = {**farm_env, "FARM_LEASE_SECONDS": "3"}
-    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
-    yield e
-    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
-
-
-@pytest.fixture
-def rt(settings, env):
-    r = Runtime(settings)
-    yield r
-    r.close()
 
 
 def edges(base, n, count=50, **params):

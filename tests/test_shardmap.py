@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shardfarm.errors import ShardMapError, UnknownShardError
-from sharding.shardmap import ShardMap, ShardMapSource, demo_map_doc
+from sharding.mapsource import ShardMapSource
+from sharding.shardmap import ShardMap, demo_map_doc
 
 GOOD = {
     "version": 1,

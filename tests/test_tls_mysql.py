@@ -19,8 +19,8 @@ from shardfarm.db import connect, ensure_database
 from shardfarm.dsn import DSN
 from shardfarm.errors import PermanentDatabaseError
 from shardfarm.ledger import Ledger
+from sharding.mapsource import ShardMapSource
 from sharding.router import Router
-from sharding.shardmap import ShardMapSource
 from tests.servers import INSTALL_DB, MARIADBD, free_port
 
 

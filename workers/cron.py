@@ -151,8 +151,8 @@ class Scheduler:
                 raise
             created = False
         if created:
-            dispatch(self.rt.redis, DEFAULT_QUEUE, run_id,
-                     range(self.rt.ledger.run(run_id)["total_chunks"]))
+            run = self.rt.ledger.run(run_id)
+            dispatch(self.rt.redis, run, range(run["total_chunks"]))
         elif (self.last_slot() or EPOCH) < slot:
             # created, but its creator died before recording the slot: it may never have
             # been queued. (A rival that fired it records the slot right after queueing.)

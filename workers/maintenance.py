@@ -9,14 +9,15 @@ are never moved, and no callback a job names is ever imported.
 - rq's scheduler step: delayed retries and throttled chunks whose time came
   are moved back onto their queues.
 - settling: jobs that failed for good are recorded in ``farm failed``.
-- the ledger: chunks whose lease expired are dispatched again.
+- the ledger: chunks whose lease expired go back to ``pending`` (paused runs too),
+  and every ``REDISPATCH_SECONDS`` each pending chunk of a running, unpaused run
+  that has no live job gets one (at most one job per chunk in Redis).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable
 
 import redis
@@ -24,7 +25,7 @@ from rq import Queue
 from rq.registry import clean_registries
 
 from jobs import settle
-from jobs.dispatch import dispatch
+from jobs.dispatch import dispatch_lost
 from jobs.queue import rq_queue
 from jobs.runtime import Runtime
 from shardfarm import keys
@@ -32,6 +33,7 @@ from shardfarm.errors import FarmError
 
 log = logging.getLogger(__name__)
 LOCK_SECONDS = 4
+REDISPATCH_SECONDS = 30
 REPEAT_SECONDS = 60.0
 NOT_SET_UP = frozenset({1049, 1146})  # unknown database, unknown table
 _said: dict[str, tuple[str, float]] = {}
@@ -53,16 +55,33 @@ def promote_scheduled(conn: redis.Redis, queue: Queue) -> int:
     return len(ids)
 
 
-def redispatch_expired(rt: Runtime) -> int:
-    """Dispatch again every running chunk whose lease expired (its worker is gone)."""
-    by_run: dict[str, list[int]] = defaultdict(list)
-    for run_id, chunk_id in rt.ledger.expired():
-        by_run[run_id].append(chunk_id)
-    n = 0
-    for run_id, chunk_ids in by_run.items():
-        n += dispatch(rt.redis, rt.ledger.run(run_id)["queue"], run_id, chunk_ids)
-        log.warning("re-dispatched %d chunk(s) of %s whose lease expired", len(chunk_ids), run_id)
+def expire_leases(rt: Runtime) -> int:
+    """Chunks whose lease expired (their worker is gone) go back to ``pending``, paused runs'
+    included; the next ``redispatch_lost`` gives them a job (unpausing, for a paused run)."""
+    n = rt.ledger.expire_leases()
+    if n:
+        log.warning("%d chunk(s) lost their worker (lease expired); pending again", n)
     return n
+
+
+def redispatch_lost(rt: Runtime) -> int:
+    """Give a job to every pending chunk of a running, unpaused run that has no live job
+    (its job was used up, lost with Redis, or never written): at most one per chunk."""
+    n = 0
+    for run_id, chunk_ids in rt.ledger.dispatchable().items():
+        sent = dispatch_lost(rt.redis, rt.ledger.run(run_id), chunk_ids)
+        if sent:
+            log.warning("dispatched %d pending chunk(s) of %s that had no job", sent, run_id)
+        n += sent
+    return n
+
+
+def _redispatch_due(rt: Runtime, owner: str) -> int:
+    """``redispatch_lost``, at most once every ``REDISPATCH_SECONDS`` farm-wide."""
+    if not rt.redis.set(keys.leader("maintenance:redispatch"), owner, nx=True,
+                        ex=REDISPATCH_SECONDS):
+        return 0
+    return redispatch_lost(rt)
 
 
 def _queue_steps(rt: Runtime, name: str) -> list[Callable[[], object]]:
@@ -75,20 +94,22 @@ def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:
     """One round of housekeeping for each of ``queues`` (and the ledger) whose lock this
     process wins; returns whether it did any."""
     did = False
+    ledger_steps = [lambda: expire_leases(rt), lambda: _redispatch_due(rt, owner)]
     for scope, steps in [*((f"queue:{q}", _queue_steps(rt, q)) for q in queues),
-                         ("ledger", [lambda: redispatch_expired(rt)])]:
+                         ("ledger", ledger_steps)]:
         if not rt.redis.set(keys.leader(f"maintenance:{scope}"), owner, nx=True,
                             ex=LOCK_SECONDS):
             continue
         did = True
         for i, step in enumerate(steps):
-            _guarded(f"{scope}#{i}", step)
+            if not _guarded(f"{scope}#{i}", step):
+                break  # the scope's later steps would meet the same trouble
     return did
 
 
-def _guarded(scope: str, step: Callable[[], object]) -> None:
+def _guarded(scope: str, step: Callable[[], object]) -> bool:
     """Run a step; an operator-fixable error is one log line (repeated once a minute while it
-    lasts), anything else a traceback."""
+    lasts), anything else a traceback. Returns whether the step succeeded."""
     try:
         step()
     except FarmError as exc:
@@ -100,6 +121,8 @@ def _guarded(scope: str, step: Callable[[], object]) -> None:
         log.exception("housekeeping step of %s failed", scope)
     else:
         _said.pop(scope, None)
+        return True
+    return False
 
 
 def say(topic: str, message: str) -> None:

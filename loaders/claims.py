@@ -1,0 +1,103 @@
+"""Who owns an object slot, and the survey a chunk makes before it writes any.
+
+A slot (shard, table, local ID) belongs to one legacy row: the one whose ID the
+slot is (below 2**35) or the one ``legacy_id_map`` gave it to (2**35 and above,
+held by an inactive placeholder until the row lands). The stored document names its
+owner (``legacy_id``). Before a chunk writes, it reads the slots its object rows
+want: a slot held by anything else (another legacy row, an object the application
+created; only a corrupted or hand-edited target can get there) is *taken*, and that
+legacy row is quarantined as ``local_id_taken`` with everything it would write; the
+writer then overwrites only slots it re-checks, locked, as its own (``confirm_owned``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from loaders.build import TargetRows
+from shardfarm.errors import RetryableError
+from sharding.ids import FIRST_ALLOCATED
+from sharding.router import Router
+from sharding.schema import shard_table
+
+IN_BATCH = 1000
+HOLDER = "SELECT local_id, JSON_VALUE(data, '$.legacy_id'), JSON_EXISTS(data, '$.allocating')"
+TAKEN = "local_id_taken"
+
+
+class SlotChangedError(RetryableError):
+    """A slot changed hands between the survey and the write: try the chunk again."""
+
+
+def owns(local: int, legacy: int, holder: str | None, placeholder: int | None) -> bool:
+    """Whether legacy row ``legacy`` owns slot ``local`` now held by a row whose document
+    names ``holder`` as its legacy ID (``None``: none) and is ``placeholder`` or not."""
+    if holder is not None:
+        return holder == str(legacy)
+    # a placeholder of the allocated half is the one legacy_id_map gave this row
+    return bool(placeholder) and local >= FIRST_ALLOCATED and not 0 < legacy < FIRST_ALLOCATED
+
+
+def describe(shard: int, local: int, holder: str | None) -> str:
+    """Quarantine detail of a taken slot (IDs only)."""
+    who = f"legacy {holder}" if holder is not None else "an object without a legacy_id"
+    return f"shard {shard} local_id {local} holds {who}"
+
+
+@dataclass
+class Survey:
+    """What a chunk's slots hold: the legacy rows whose slot is taken (with the reason's
+    detail) and, per shard table, the slots already held by their own rows."""
+
+    taken: dict[int, str] = field(default_factory=dict)
+    held: dict[tuple[int, str], set[int]] = field(default_factory=lambda: defaultdict(set))
+
+
+def _holders(router: Router, shard: int, q: str, locals_: list[int]) -> list[tuple]:
+    """``(local_id, holder, placeholder)`` of the stored rows among ``locals_``: the
+    legacy half as one range (a chunk's slots there are a range of its keys), the rest
+    by key."""
+    host = router.host_for(shard)
+    small = [x for x in locals_ if x < FIRST_ALLOCATED]
+    big = sorted(x for x in locals_ if x >= FIRST_ALLOCATED)
+    out: list[tuple] = []
+    if small:
+        out += router.query(host, f"{HOLDER} FROM {q} WHERE local_id BETWEEN %s AND %s",
+                            (min(small), max(small)), shard)
+    for i in range(0, len(big), IN_BATCH):
+        part = big[i:i + IN_BATCH]
+        out += router.query(host, f"{HOLDER} FROM {q} WHERE local_id IN "
+                            f"({','.join(['%s'] * len(part))})", part, shard)
+    return out
+
+
+def survey(router: Router, target: TargetRows) -> Survey:
+    """Read the slots every object row of ``target`` wants (no locks: the writer
+    re-checks the ones it overwrites)."""
+    out = Survey()
+    for (shard, name), rows in sorted(target.objects.items()):
+        want = {local: legacy for local, _, legacy in rows}
+        for local, holder, placeholder in _holders(router, shard, shard_table(shard, name),
+                                                   list(want)):
+            if local not in want:
+                continue
+            if owns(local, want[local], holder, placeholder):
+                out.held[(shard, name)].add(local)
+            else:
+                out.taken[want[local]] = describe(shard, local, holder)
+    return out
+
+
+def confirm_owned(cur, shard: int, q: str, rows: list[tuple]) -> None:
+    """Inside the write transaction: lock the slots of ``rows`` (``(local, data, legacy)``)
+    and raise ``SlotChangedError`` unless each is empty or held by its own row."""
+    want = {local: legacy for local, _, legacy in rows}
+    keys = sorted(want)
+    for i in range(0, len(keys), IN_BATCH):
+        part = keys[i:i + IN_BATCH]
+        cur.execute(f"{HOLDER} FROM {q} WHERE local_id IN ({','.join(['%s'] * len(part))}) "
+                    "FOR UPDATE", part)
+        for local, holder, placeholder in cur.fetchall():
+            if not owns(local, want[local], holder, placeholder):
+                raise SlotChangedError(f"{describe(shard, local, holder)} since the survey")

@@ -1,0 +1,112 @@
+"""A child process that runs one named scenario and is killed or frozen at an exact step.
+
+Usage: ``python -m tests.faultchild SCENARIO ARGS_JSON``. Every MySQL statement and
+commit the process sends (any connection, any thread) is a numbered step:
+
+- ``FARM_FAULT_TRACE=path``: each step is appended there (``N<TAB>what``) before it runs;
+- ``FARM_FAULT_STEP=N`` with ``FARM_FAULT_ACTION=kill`` (default): SIGKILL itself just
+  before step N, i.e. after steps 1..N-1 completed; with ``freeze``: SIGSTOP itself there,
+  and carry on with step N when the parent sends SIGCONT.
+
+No production code is changed for this: the hook wraps PyMySQL's ``Cursor.execute`` and
+``Connection.commit`` / ``rollback`` in this process only. Scenarios run with one writer
+thread so the steps come in the same order on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pymysql.connections
+import pymysql.cursors
+
+STEP = int(os.environ.get("FARM_FAULT_STEP") or 0)
+ACTION = os.environ.get("FARM_FAULT_ACTION") or "kill"
+TRACE = os.environ.get("FARM_FAULT_TRACE")
+_count = 0
+_lock = threading.Lock()
+
+
+def step(what: str) -> None:
+    """Number a step, record it, and kill or freeze this process if it is the chosen one."""
+    global _count
+    with _lock:
+        _count += 1
+        n = _count
+        if TRACE:
+            with open(TRACE, "a", encoding="utf-8") as f:
+                f.write(f"{n}\t{' '.join(what.split())[:160]}\n")
+    if n == STEP:
+        os.kill(os.getpid(), signal.SIGKILL if ACTION == "kill" else signal.SIGSTOP)
+
+
+def install() -> None:
+    """Wrap PyMySQL so every statement and commit goes through ``step`` first."""
+    execute = pymysql.cursors.Cursor.execute
+    commit = pymysql.connections.Connection.commit
+    rollback = pymysql.connections.Connection.rollback
+
+    def traced_execute(self, query, args=None):
+        step(query if isinstance(query, str) else repr(query))
+        return execute(self, query, args)
+
+    def traced_commit(self):
+        step("COMMIT")
+        return commit(self)
+
+    def traced_rollback(self):
+        step("ROLLBACK")
+        return rollback(self)
+    pymysql.cursors.Cursor.execute = traced_execute
+    pymysql.connections.Connection.commit = traced_commit
+    pymysql.connections.Connection.rollback = traced_rollback
+
+
+class _Ctx:
+    """What ``reverse_chunk`` needs of a chunk context: a router and no fence (the test
+    drives the rebalance's own fences)."""
+
+    def __init__(self, router) -> None:
+        self.router = router
+        self.token = None
+
+    def check(self) -> None:
+        """The lease is never lost here."""
+
+
+def _add_follower(router, board: int, user: int, sequence: int) -> None:
+    from sharding import hotspot
+    hotspot.add_follower(router, board, user, sequence)
+
+
+def _reverse(router, table: str, shard: int, lo: int, hi: int) -> None:
+    from loaders import reverse, writer
+    writer.WRITE_THREADS = 1
+    reverse.reverse_chunk(_Ctx(router), table, shard, lo, hi)
+
+
+SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse}
+
+
+def main(argv: list[str]) -> int:
+    """Run ``SCENARIO`` with the keyword arguments of ``ARGS_JSON`` (plus ``shardmap``)."""
+    from sharding.mapsource import ShardMapSource
+    from sharding.router import Router
+    name, args = argv[0], json.loads(argv[1])
+    router = Router(ShardMapSource(Path(args.pop("shardmap"))))
+    install()
+    try:
+        SCENARIOS[name](router, **args)
+    finally:
+        router.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
