@@ -48,9 +48,9 @@ import pymysql.cursors
 from benchmarks._server import ShardHostMariaDB
 from exporters.destinations import FileDestination
 from exporters.export import dump_part, folder_of, part_name
+from shardfarm.mysql.dsn import Host
 from sharding import ids
 from sharding.schema import OBJECT_TABLES, shard_ddl, shard_table
-from sharding.shardmap import Host
 
 ROOT = Path(__file__).resolve().parent.parent
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None

@@ -18,9 +18,9 @@ import time
 from redis import Redis
 
 from benchmarks import references as ref
+from farmcore import keys
 from jobs import enqueue_many
 from jobs.queue import item_id
-from shardfarm import keys
 
 QUEUE = ref.QUEUE
 os.environ["FARM_JOB_MODULES"] = "benchmarks.noop"  # the no-op job, allowed as an operator would

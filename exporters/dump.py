@@ -18,10 +18,10 @@ import pymysql
 import pymysql.cursors
 
 from shardfarm.errors import FatalError, UsageError
-from shardfarm.mysqlconn import Where, open_connection, refused_infile, translate
+from shardfarm.mysql.connect import Where, open_connection, refused_infile, translate
+from shardfarm.mysql.dsn import Host
 from sharding import ids
 from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
-from sharding.shardmap import Host
 
 T = TypeVar("T")
 EXPORT_TABLES: tuple[str, ...] = (*OBJECT_TABLES, *MAPPING_TABLES)

@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterator
 from exporters import dump, formats
 from exporters.destinations import Destination, Fence, open_destination
 from exporters.partlog import FolderBusyError, Part, PartLog
-from shardfarm.context import ChunkContext
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Ledger, Outcome
 from shardfarm.errors import UsageError
-from shardfarm.ledger import ChunkSpec, Ledger, Outcome
+from shardfarm.mysql.dsn import Host
 from sharding.router import Router
 from sharding.schema import OBJECT_TABLES
-from sharding.shardmap import Host
 
 log = logging.getLogger(__name__)
 HANDLER = "exporters.export.export_chunk"

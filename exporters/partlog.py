@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from farmcore.ledger import Ledger
 from shardfarm.errors import RetryableError
-from shardfarm.ledger import Ledger
 from shardfarm.retry import TRANSIENT
 
 ACTIVE = ("running", "paused")  # run statuses that still write

@@ -32,8 +32,8 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 
+from farmcore import keys
 from jobs.farmjob import FarmJob
-from shardfarm import keys
 
 PROGRESS_TTL = 7 * 24 * 3600
 DEDUP_BUCKETS = 1 << 16

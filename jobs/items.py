@@ -21,8 +21,8 @@ import redis
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
+from farmcore import keys
 from jobs import accounting, runtime
-from shardfarm import keys
 from shardfarm.errors import FatalError, RetryableError
 from shardfarm.retry import TRANSIENT
 

@@ -22,12 +22,12 @@ import uuid
 from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
+from farmcore.context import ChunkContext
+from farmcore.ledger import ClaimRefused, Lease, Outcome
 from jobs import throttle
 from jobs.dispatch import dispatch_later
 from jobs.runtime import Runtime
-from shardfarm.context import ChunkContext
 from shardfarm.errors import ChunkTimeoutError, FatalError, FencedError
-from shardfarm.ledger import ClaimRefused, Lease, Outcome
 
 log = logging.getLogger(__name__)
 LEASE_SECONDS = float(os.environ.get("FARM_LEASE_SECONDS", "60"))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from farmcore.ledger import ChunkSpec
 from jobs.dispatch import dispatch, dispatch_lost
 from jobs.policy import ForbiddenJobError
 from jobs.runtime import Runtime
-from shardfarm.ledger import ChunkSpec
 
 DEFAULT_QUEUE = "farm"
 

@@ -9,9 +9,9 @@ from functools import cached_property
 
 import redis
 
+from farmcore.ledger import Ledger
 from jobs.policy import JobPolicy
 from shardfarm.errors import FarmError
-from shardfarm.ledger import Ledger
 from shardfarm.settings import Settings
 from sharding.mapsource import ShardMapSource, bucket_change
 from sharding.router import Router

@@ -22,11 +22,11 @@ import redis
 from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.job import Job
 
+from farmcore import keys
 from jobs import accounting
 from jobs.farmjob import FarmJob
 from jobs.policy import CHUNK_FUNCTION, ENTRY_POINT, JobPolicy
 from jobs.queue import enqueue_items, rq_queue
-from shardfarm import keys
 
 log = logging.getLogger(__name__)
 

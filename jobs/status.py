@@ -17,8 +17,8 @@ from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
+from farmcore import keys
 from jobs.runtime import Runtime
-from shardfarm import keys
 
 
 def worker_name(host: str | None = None) -> str:

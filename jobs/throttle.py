@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import time
 
+from farmcore import keys
 from jobs.runtime import Runtime
-from shardfarm import keys
-from sharding.shardmap import Host
+from shardfarm.mysql.dsn import Host
 
 PAUSE_SECONDS = 5.0
 CACHE_SECONDS = 2.0

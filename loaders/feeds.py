@@ -17,10 +17,10 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 
-from shardfarm import keys
-from shardfarm.context import ChunkContext
+from farmcore import keys
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Outcome
 from shardfarm.errors import ConfigError, InvalidIdError, UsageError
-from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import ids
 from sharding.router import Router
 from sharding.schema import shard_table

@@ -21,8 +21,8 @@ from operator import itemgetter
 from loaders.legacy_origin import record_origin
 from loaders.legacy_schema import LEGACY_TABLES
 from loaders.legacy_write import ZERO, write
-from shardfarm.dsn import DSN
 from shardfarm.errors import TransientDatabaseError, UnreachableError
+from shardfarm.mysql.dsn import DSN
 
 EPOCH = 1267401600             # 2010-03-01T00:00:00Z
 DAY = 86400

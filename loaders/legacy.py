@@ -12,9 +12,9 @@ import pymysql
 import pymysql.cursors
 
 from loaders.spec import LegacyTable
-from shardfarm.db import connect, where
-from shardfarm.dsn import DSN
-from shardfarm.mysqlconn import refused_infile, translate
+from shardfarm.mysql.connect import refused_infile, translate
+from shardfarm.mysql.db import connect, where
+from shardfarm.mysql.dsn import DSN
 from shardfarm.retry import TRANSIENT
 
 SIGNED_LIMIT = 1 << 63

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pymysql
 
 from loaders.legacy_schema import LEGACY_TABLES
-from shardfarm.db import connect, ensure_database
-from shardfarm.dsn import DSN
 from shardfarm.errors import FatalError
-from sharding.pool import translate
+from shardfarm.mysql.db import connect, ensure_database
+from shardfarm.mysql.dsn import DSN
+from shardfarm.mysql.pool import translate
 
 ORIGIN_TABLE = "farm_generated"
 COUNT_CAP = 1_000_000  # rows counted per table at most: a real legacy table may be huge

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pymysql
 
-from shardfarm.db import connect, ensure_database, where
-from shardfarm.dsn import DSN
-from shardfarm.mysqlconn import translate
+from shardfarm.mysql.connect import translate
+from shardfarm.mysql.db import connect, ensure_database, where
+from shardfarm.mysql.dsn import DSN
 
 _OPTIONS = "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING
 import pymysql
 
 from loaders.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
-from shardfarm.db import connect, where
-from shardfarm.dsn import DSN
 from shardfarm.errors import DatabaseError
-from shardfarm.mysqlconn import translate
+from shardfarm.mysql.connect import translate
+from shardfarm.mysql.db import connect, where
+from shardfarm.mysql.dsn import DSN
 
 if TYPE_CHECKING:
     from loaders.generate import LegacyData

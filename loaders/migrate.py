@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Ledger, Outcome
 from loaders import claims
 from loaders.build import Builder
 from loaders.legacy import LegacyReader
@@ -19,9 +21,7 @@ from loaders.newids import IdCache, NewIds
 from loaders.resolve import Resolver, Verdict, Verdicts, user_placement
 from loaders.spec import ORDER, SPEC, legacy_key
 from loaders.writer import write_all
-from shardfarm.context import ChunkContext
 from shardfarm.errors import ConfigError, UsageError
-from shardfarm.ledger import ChunkSpec, Ledger, Outcome
 from shardfarm.settings import Settings
 from sharding.router import Router
 

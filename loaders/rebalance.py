@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from shardfarm.context import ChunkContext
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Outcome
 from shardfarm.errors import RetryableError, UsageError
-from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import fencing, ids
 from sharding.hotspot import (
     FOLLOWERS,

@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Outcome
 from loaders import writer
 from loaders.build import TargetRows
 from loaders.legacy import cut_ranges
 from loaders.writer import write_shards
-from shardfarm.context import ChunkContext
 from shardfarm.errors import UsageError
-from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import fencing, ids
 from sharding.hotspot import FOLLOWERS, lock_directory, place
 from sharding.router import Router

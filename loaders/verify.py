@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 
+from farmcore.context import ChunkContext
+from farmcore.ledger import Outcome
 from loaders.build import Builder, TargetRows
 from loaders.migrate import _state, judge_chunk
 from loaders.spec import SELF, SPEC, LegacyTable, legacy_key
-from shardfarm.context import ChunkContext
-from shardfarm.ledger import Outcome
 from sharding import ids
 from sharding.jsondoc import dumps, loads
 from sharding.router import Router

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from farmcore import control_schema
 from jobs import runs
 from loaders import migrate as migration
 from loaders import verify as verifier
@@ -13,9 +14,8 @@ from scripts.app import App
 from scripts.cmd_runs import finish
 from scripts.options import emit, farm_options
 from scripts.render import RunProgress
-from shardfarm import control_schema
-from shardfarm.db import ensure_database
 from shardfarm.errors import ConfigError
+from shardfarm.mysql.db import ensure_database
 
 
 def preflight(app: App) -> None:

@@ -9,7 +9,7 @@ from tqdm import tqdm
 
 from scripts.app import App
 from scripts.options import emit, farm_options
-from shardfarm.db import ensure_database
+from shardfarm.mysql.db import ensure_database
 from sharding.provision import cache_advice, init_databases
 
 
@@ -21,7 +21,7 @@ def shards_group() -> None:
 def init_all(app: App, quiet: bool = False, tune: bool = False) -> dict:
     """Create the control database and every shard and mod bucket database; return a report."""
     ensure_database(app.settings.control_dsn)
-    from shardfarm import control_schema
+    from farmcore import control_schema
     control_schema.ensure(app.settings.control_dsn)
     m = app.source.current()
     total = m.shard_count() + m.buckets

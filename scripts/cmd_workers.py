@@ -6,10 +6,10 @@ import socket
 
 import click
 
+from farmcore import keys
 from jobs.policy import JobPolicy
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, emit, farm_options
-from shardfarm import keys
 from workers.supervisor import Supervisor
 
 

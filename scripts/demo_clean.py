@@ -3,7 +3,7 @@
 - the shard and mod-bucket databases of the demo's shard map, and the legacy and control
   databases (its settings);
 - the files of the exports the demo ran (never the rest of the destination);
-- in Redis, only the farm's keys: ``farm:*`` (``shardfarm.keys.PREFIX``), the rq queues the
+- in Redis, only the farm's keys: ``farm:*`` (``farmcore.keys.PREFIX``), the rq queues the
   farm used (every ``runs.queue`` of the control database, and the default queue) with
   their jobs, registries and workers, and the home feeds of users whose shard is in the
   demo's map. Another application's rq queues and jobs, and any other key, stay.
@@ -26,12 +26,12 @@ from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from exporters import export as exporter
 from exporters.destinations import FileDestination, open_destination
+from farmcore import keys
 from jobs.runs import DEFAULT_QUEUE
 from scripts.app import App
 from scripts.demo_guard import control_runs
-from shardfarm import keys
-from shardfarm.db import drop_database
 from shardfarm.errors import InvalidIdError
+from shardfarm.mysql.db import drop_database
 from sharding import ids
 from sharding.schema import mod_db, shard_db
 

@@ -21,11 +21,11 @@ import pymysql
 
 from loaders.legacy_origin import COUNT_CAP, describe_rows, legacy_rows, read_origin, where
 from scripts.app import App
-from shardfarm.db import connect
 from shardfarm.errors import DatabaseError, FatalError
-from sharding.pool import translate
+from shardfarm.mysql.db import connect
+from shardfarm.mysql.dsn import Host
+from shardfarm.mysql.pool import translate
 from sharding.schema import DIRECTORY_TABLES, MAPPING_TABLES, OBJECT_TABLES, shard_db
-from sharding.shardmap import Host
 
 MADE_BY = "farm demo"
 DATA_TABLES = (*OBJECT_TABLES, *MAPPING_TABLES, *DIRECTORY_TABLES)

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 import redis
 
-from shardfarm.dsn import DSN, _redact
 from shardfarm.errors import ConfigError
+from shardfarm.mysql.dsn import DSN, _redact
 
 DEFAULTS = {
     "FARM_REDIS_URL": "redis://127.0.0.1:6379/0",

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
+from shardfarm.mysql.dsn import Host
 from sharding.router import Router
 from sharding.schema import mod_ddl, shard_ddl
-from sharding.shardmap import Host
 from sharding.slots import raise_counters
 
 

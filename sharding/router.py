@@ -21,10 +21,11 @@ from typing import Literal, TypeVar
 import pymysql
 import pymysql.cursors
 
+from shardfarm.mysql.dsn import Host
+from shardfarm.mysql.pool import Pool
 from shardfarm.retry import TRANSIENT, RetryPolicy
 from sharding.mapsource import FixedSource, ShardMapSource
-from sharding.pool import Pool
-from sharding.shardmap import Host, ShardMap
+from sharding.shardmap import ShardMap
 
 T = TypeVar("T")
 Role = Literal["master", "slave"]

@@ -13,46 +13,17 @@ import json
 import logging
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from shardfarm.dsn import DSN, TLS_PARAMS, tls_args
 from shardfarm.errors import ShardMapError, UnknownShardError
+from shardfarm.mysql.dsn import TLS_PARAMS, Host, tls_args
 from sharding.ids import MAX_SHARD
 
 log = logging.getLogger(__name__)
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:%\[\]-]{1,255}$")  # a DNS name, IPv4 or IPv6 address
 _USER = re.compile(r"^[^\x00-\x1f\x7f]{1,80}$")  # MariaDB user names: 80 characters, printable
-
-
-@dataclass(frozen=True)
-class Host:
-    """A named MySQL host of the map. Several names may point at one server."""
-
-    name: str
-    host: str
-    port: int
-    user: str
-    password: str = ""
-    tls: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-
-    @classmethod
-    def from_dsn(cls, name: str, dsn: DSN) -> Host:
-        """A host for a DSN's server (e.g. the control database's pool), TLS included."""
-        return cls(name, dsn.host, dsn.port, dsn.user, dsn.password, dsn.tls)
-
-    def tls_args(self) -> dict:
-        """PyMySQL's TLS keyword arguments (``ssl_*`` keys of the host entry, or its DSN's)."""
-        return tls_args(dict(self.tls))
-
-    @property
-    def server(self) -> tuple[str, int, str]:
-        """The physical server identity that connection pools are keyed by."""
-        return (self.host, self.port, self.user)
-
-    def __repr__(self) -> str:
-        return f"Host({self.name}={self.user}@{self.host}:{self.port})"
 
 
 @dataclass(frozen=True)

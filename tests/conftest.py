@@ -148,9 +148,9 @@ def run_farm(env: dict[str, str], *args: str, input: str | None = None,
 @pytest.fixture(scope="session")
 def ledger(settings):
     """The chunk ledger on a fresh test control database."""
-    from shardfarm import control_schema
-    from shardfarm.db import connect, ensure_database
-    from shardfarm.ledger import Ledger
+    from farmcore import control_schema
+    from farmcore.ledger import Ledger
+    from shardfarm.mysql.db import connect, ensure_database
     conn = connect(settings.control_dsn, database=False)
     with conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS `{settings.control_dsn.database}`")

@@ -27,7 +27,7 @@ def write_edges(ctx, shard: int, start: int, count: int, pause: float = 0.0,
     """
     import time
 
-    from shardfarm.ledger import Outcome
+    from farmcore.ledger import Outcome
     from sharding import fencing, ids
     from sharding.schema import shard_table
     q = shard_table(shard, "user_has_pins")
@@ -75,7 +75,7 @@ def sleepy(ctx, seconds: float) -> None:
     what stops it), then records its attempt in Redis."""
     import time
 
-    from shardfarm.ledger import Outcome
+    from farmcore.ledger import Outcome
     time.sleep(seconds)
     ctx.redis.rpush(f"test:sleepy:{ctx.run_id}", ctx.lease.attempts)
     return Outcome(rows_written=1)
@@ -85,7 +85,7 @@ def mod_ports(ctx, buckets: list[int], key: str) -> None:
     """Chunk handler: for each bucket, ask its mod server (through the chunk's router) for its
     port and record it in Redis list ``key``; half way, say ``<key>:half`` and wait for
     ``<key>:go`` (a barrier the test releases after changing the map)."""
-    from shardfarm.ledger import Outcome
+    from farmcore.ledger import Outcome
     half = len(buckets) // 2
     for i, bucket in enumerate(buckets):
         if i == half:

@@ -7,9 +7,9 @@ import redis
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
+from farmcore import keys
 from jobs import accounting, enqueue_many
 from jobs.queue import item_id, rq_queue
-from shardfarm import keys
 
 ITEMS = [{"key": f"k{i}", "value": i} for i in range(120)]
 

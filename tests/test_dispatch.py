@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
+from farmcore import keys
+from farmcore.ledger import ChunkSpec, Lease
 from jobs import runs
 from jobs.dispatch import chunk_item, dispatch
 from jobs.queue import rq_queue
 from jobs.runtime import Runtime
-from shardfarm import keys
-from shardfarm.ledger import ChunkSpec, Lease
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, until
 from workers import maintenance

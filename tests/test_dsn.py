@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shardfarm.dsn import DSN
 from shardfarm.errors import ConfigError
+from shardfarm.mysql.dsn import DSN
 
 
 def test_plain_dsn_has_no_tls():
@@ -63,7 +63,7 @@ def test_bad_query_is_one_line_without_password(query, why):
 
 
 def test_missing_ca_file_is_one_line_naming_the_variable(tmp_path):
-    from shardfarm.db import connect
+    from shardfarm.mysql.db import connect
     dsn = DSN.parse(f"mysql://u:hunter2@127.0.0.1:1/db?ssl_ca={tmp_path}/none.pem",
                     what="FARM_LEGACY_DSN")
     with pytest.raises(ConfigError) as exc:

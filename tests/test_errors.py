@@ -12,10 +12,10 @@ import time
 import pymysql
 import pytest
 
-from shardfarm.db import connect
-from shardfarm.dsn import DSN
+from farmcore.ledger import Ledger
 from shardfarm.errors import DatabaseError, PermanentDatabaseError, UnreachableError
-from shardfarm.ledger import Ledger
+from shardfarm.mysql.db import connect
+from shardfarm.mysql.dsn import DSN
 from sharding.mapsource import ShardMapSource
 from sharding.router import Router
 from tests.conftest import SHARDS_B, make_map_doc, run_farm
@@ -31,7 +31,7 @@ USER, PASSWORD = "farm_err_user", "S3cret-Pw-42"
     (1054, "Unknown column 'lcoal_id' in 'field list'", "'lcoal_id'"),
 ])
 def test_identifiers_are_kept(code, text, kept):
-    from shardfarm.mysqlconn import scrub
+    from shardfarm.mysql.connect import scrub
     assert kept in scrub(code, text)
 
 
@@ -44,7 +44,7 @@ def test_identifiers_are_kept(code, text, kept):
     (9999, "a code nobody knows 'hunter2'\nsecond line", "hunter2"),
 ])
 def test_data_values_are_scrubbed(code, text, secret):
-    from shardfarm.mysqlconn import scrub
+    from shardfarm.mysql.connect import scrub
     out = scrub(code, text)
     assert secret not in out and "'?'" in out and "\n" not in out
 

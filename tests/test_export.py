@@ -21,9 +21,9 @@ from pyarrow import fs as pafs
 
 from exporters import export
 from exporters.destinations import FileDestination, S3Destination, open_destination
-from shardfarm.context import ChunkContext
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Outcome
 from shardfarm.errors import RetryableError
-from shardfarm.ledger import ChunkSpec, Outcome
 from sharding import ids
 from sharding.schema import OBJECT_TABLES, shard_ddl
 from tests.conftest import ROOT, SHARDS_A, SHARDS_B, run_farm

@@ -16,12 +16,12 @@ import redis
 from exporters import export
 from exporters.destinations import FileDestination, open_destination
 from exporters.partlog import FolderBusyError, PartLog
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Ledger
 from jobs import runs
 from jobs.lifecycle import Renewer
 from jobs.runtime import Runtime
-from shardfarm.context import ChunkContext
 from shardfarm.errors import FencedError, RetryableError
-from shardfarm.ledger import ChunkSpec, Ledger
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
 from tests.test_export import BASE, BUCKET, DATE, data, s3  # noqa: F401 - fixtures
@@ -237,7 +237,7 @@ def test_finalize_lock_survives_its_connections_being_dropped(settings, ledger, 
 def test_renewer_stops_the_attempt_when_it_cannot_renew_in_time(ledger, monkeypatch):
     """The control database stops answering (a port nothing listens on): every renewal
     fails, and the attempt is stopped at the lease's own deadline, not left running."""
-    from shardfarm.dsn import DSN
+    from shardfarm.mysql.dsn import DSN
     from tests.servers import free_port
     monkeypatch.setenv("FARM_CONNECT_TIMEOUT", "1")
     run_id = ledger.create_run("export", "farm", {}, [ChunkSpec("x", {})])

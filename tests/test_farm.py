@@ -7,9 +7,9 @@ import time
 
 from rq import Worker
 
+from farmcore import keys
+from farmcore.ledger import ChunkSpec
 from jobs import runs
-from shardfarm import keys
-from shardfarm.ledger import ChunkSpec
 from sharding import ids
 from sharding.schema import shard_table
 from tests.conftest import SHARDS_A, SHARDS_B, run_farm

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from loaders.generate import build, classify, generate
 from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
-from shardfarm.db import connect, drop_database
-from shardfarm.dsn import DSN
+from shardfarm.mysql.db import connect, drop_database
+from shardfarm.mysql.dsn import DSN
 from tests.conftest import ROOT, ns_db, run_farm
 
 DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_gen_test')}")

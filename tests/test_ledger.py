@@ -4,8 +4,8 @@ import time
 
 import pytest
 
+from farmcore.ledger import ChunkSpec, ClaimRefused, Lease, Outcome
 from shardfarm.errors import FatalError, FencedError
-from shardfarm.ledger import ChunkSpec, ClaimRefused, Lease, Outcome
 from sharding import fencing
 from sharding.schema import shard_table
 from tests.conftest import SHARDS_B

@@ -8,8 +8,8 @@ import pytest
 from loaders import legacy
 from loaders.generate import generate
 from loaders.spec import SPEC
-from shardfarm.db import connect, drop_database
-from shardfarm.dsn import DSN
+from shardfarm.mysql.db import connect, drop_database
+from shardfarm.mysql.dsn import DSN
 from tests.conftest import ns_db
 
 DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_read_test')}")

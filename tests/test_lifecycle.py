@@ -8,12 +8,12 @@ import time
 
 import pytest
 
+from farmcore.context import ChunkContext
+from farmcore.ledger import ChunkSpec, Lease
 from jobs import runs
 from jobs.queue import rq_queue
 from jobs.runtime import Runtime
-from shardfarm.context import ChunkContext
 from shardfarm.errors import ChunkTimeoutError
-from shardfarm.ledger import ChunkSpec, Lease
 from tests.farmkit import start_workers, stop, until
 
 

@@ -12,11 +12,11 @@ import threading
 import pytest
 import redis
 
+from farmcore import control_schema
+from farmcore.ledger import ChunkSpec
 from jobs import lifecycle, runtime
 from jobs.runtime import Runtime
-from shardfarm import control_schema
-from shardfarm.db import connect, ensure_database
-from shardfarm.ledger import ChunkSpec
+from shardfarm.mysql.db import connect, ensure_database
 from sharding import mapsource
 from sharding.mapsource import ShardMapSource, bucket_change
 from sharding.shardmap import ShardMap

@@ -17,14 +17,13 @@ import threading
 import pytest
 from pymysql.constants import CLIENT
 
-from shardfarm.db import connect
-from shardfarm.dsn import DSN
+from farmcore.ledger import Ledger
 from shardfarm.errors import DatabaseError, FarmError
-from shardfarm.ledger import Ledger
+from shardfarm.mysql.db import connect
+from shardfarm.mysql.dsn import DSN, Host
 from sharding.mapsource import ShardMapSource
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
-from sharding.shardmap import Host
 from tests.conftest import SHARDS_A, make_map_doc
 
 SECRET = b"TOP-SECRET-worker-private-key-1234567890"

@@ -12,9 +12,9 @@ from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from farmcore import keys
 from jobs import enqueue_many
 from jobs.queue import rq_queue
-from shardfarm import keys
 from shardfarm.errors import FatalError
 from tests.conftest import ROOT
 

@@ -8,8 +8,8 @@ from loaders import legacy
 from loaders.generate import generate
 from loaders.resolve import Resolver, Verdicts, user_placement
 from loaders.spec import SPEC
-from shardfarm.db import drop_database
-from shardfarm.dsn import DSN
+from shardfarm.mysql.db import drop_database
+from shardfarm.mysql.dsn import DSN
 from tests.conftest import ns_db
 
 DSN_TEST = DSN.parse(f"mysql://root@127.0.0.1:3306/{ns_db('legacy_resolve_test')}")

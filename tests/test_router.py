@@ -145,7 +145,7 @@ def test_frozen_transaction_is_rolled_back_so_the_heir_gets_its_locks(router, mo
 def test_pool_does_not_hand_out_a_connection_the_server_may_have_closed(router, monkeypatch):
     import time
 
-    from sharding import pool
+    from shardfarm.mysql import pool
     monkeypatch.setattr(pool, "IDLE_TIMEOUT", 6)
     shard = SHARDS_A[1]
     p = pool.Pool(router.host_for(shard), size=2)
@@ -163,7 +163,7 @@ def test_pool_does_not_hand_out_a_connection_the_server_may_have_closed(router, 
 
 def test_pool_never_reuses_a_connection_left_in_a_transaction_or_after_an_error(router):
     from shardfarm.errors import DatabaseError
-    from sharding import pool
+    from shardfarm.mysql import pool
     shard = SHARDS_A[0]
     p = pool.Pool(router.host_for(shard), size=1)
 

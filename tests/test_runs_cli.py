@@ -5,8 +5,8 @@ import threading
 
 import pymysql
 
+from farmcore.ledger import ChunkSpec
 from jobs import runs
-from shardfarm.ledger import ChunkSpec
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
 

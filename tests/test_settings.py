@@ -2,8 +2,8 @@
 
 import pytest
 
-from shardfarm.dsn import DSN
 from shardfarm.errors import ConfigError
+from shardfarm.mysql.dsn import DSN
 from shardfarm.settings import Settings
 
 

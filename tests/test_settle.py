@@ -9,8 +9,8 @@ import os
 import pytest
 import redis
 
+from farmcore import keys
 from jobs import enqueue_many
-from shardfarm import keys
 from tests.conftest import run_farm
 from tests.farmkit import start_workers, stop, until
 

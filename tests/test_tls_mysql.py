@@ -14,11 +14,11 @@ from pathlib import Path
 import pymysql
 import pytest
 
-from shardfarm import control_schema
-from shardfarm.db import connect, ensure_database
-from shardfarm.dsn import DSN
+from farmcore import control_schema
+from farmcore.ledger import Ledger
 from shardfarm.errors import PermanentDatabaseError
-from shardfarm.ledger import Ledger
+from shardfarm.mysql.db import connect, ensure_database
+from shardfarm.mysql.dsn import DSN
 from sharding.mapsource import ShardMapSource
 from sharding.router import Router
 from tests.servers import INSTALL_DB, MARIADBD, free_port

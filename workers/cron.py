@@ -27,10 +27,10 @@ from collections.abc import Callable
 from croniter import croniter
 
 from exporters import export
+from farmcore import keys
 from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
-from shardfarm import keys
 from shardfarm.errors import ConfigError, DatabaseError, UsageError
 from shardfarm.retry import TRANSIENT
 

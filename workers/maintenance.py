@@ -24,11 +24,11 @@ import redis
 from rq import Queue
 from rq.registry import clean_registries
 
+from farmcore import keys
 from jobs import settle
 from jobs.dispatch import dispatch_lost
 from jobs.queue import rq_queue
 from jobs.runtime import Runtime
-from shardfarm import keys
 from shardfarm.errors import FarmError
 
 log = logging.getLogger(__name__)

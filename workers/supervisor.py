@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 
 import redis
 
+from farmcore import keys
 from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
 from loaders.writer import sweep_temp
-from shardfarm import keys
 from shardfarm.settings import Settings
 from workers import maintenance
 

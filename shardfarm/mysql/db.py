@@ -2,15 +2,15 @@
 
 They never allow ``LOAD DATA LOCAL INFILE`` nor multi-statements unless the caller
 asks (``infile=True``: only the synthetic legacy generator, which loads files it
-wrote itself); see ``shardfarm.mysqlconn``.
+wrote itself); see ``shardfarm.mysql.connect``.
 """
 
 from __future__ import annotations
 
 import pymysql
 
-from shardfarm.dsn import DSN
-from shardfarm.mysqlconn import Where, open_connection, translate
+from shardfarm.mysql.connect import Where, open_connection, translate
+from shardfarm.mysql.dsn import DSN
 
 
 def where(dsn: DSN, database: bool = True) -> Where:

@@ -15,12 +15,11 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from shardfarm.dsn import DSN
 from shardfarm.errors import FatalError, FencedError
+from shardfarm.mysql.dsn import DSN, Host
+from shardfarm.mysql.pool import Pool
 from shardfarm.retry import TRANSIENT
 from sharding.fencing import FenceToken
-from sharding.pool import Pool
-from sharding.shardmap import Host
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from farmcore.ledger import Lease, Ledger, Outcome
 from shardfarm.errors import ChunkTimeoutError, FencedError
-from shardfarm.ledger import Lease, Ledger, Outcome
 from shardfarm.settings import Settings
 from sharding.fencing import FenceToken
 from sharding.router import Router

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 import pymysql
 from pymysql.constants import CLIENT
 
-from shardfarm.dsn import NAMES
 from shardfarm.errors import (
     ConfigError,
     FarmError,
@@ -34,6 +33,7 @@ from shardfarm.errors import (
     TransientDatabaseError,
     UnreachableError,
 )
+from shardfarm.mysql.dsn import NAMES
 from shardfarm.settings import connect_timeout
 
 # 2006 gone away, 2013 lost connection, 1213 deadlock, 1205 lock wait timeout,

@@ -133,3 +133,32 @@ def tls_args(params: dict[str, str]) -> dict:
 def _redact(text: str) -> str:
     """Replace the password part of a URL-like string with ``***``."""
     return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", text)
+
+
+@dataclass(frozen=True)
+class Host:
+    """A named MySQL host of the map. Several names may point at one server."""
+
+    name: str
+    host: str
+    port: int
+    user: str
+    password: str = ""
+    tls: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_dsn(cls, name: str, dsn: DSN) -> Host:
+        """A host for a DSN's server (e.g. the control database's pool), TLS included."""
+        return cls(name, dsn.host, dsn.port, dsn.user, dsn.password, dsn.tls)
+
+    def tls_args(self) -> dict:
+        """PyMySQL's TLS keyword arguments (``ssl_*`` keys of the host entry, or its DSN's)."""
+        return tls_args(dict(self.tls))
+
+    @property
+    def server(self) -> tuple[str, int, str]:
+        """The physical server identity that connection pools are keyed by."""
+        return (self.host, self.port, self.user)
+
+    def __repr__(self) -> str:
+        return f"Host({self.name}={self.user}@{self.host}:{self.port})"

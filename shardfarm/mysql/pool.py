@@ -9,7 +9,7 @@ frozen or cut off in the middle of a transaction has it rolled back by the serve
 within that time, so the row locks it held (its chunk's fence row, the rows it was
 writing) do not block the worker that took its chunk over. The pool never hands
 out a connection idle that long. PyMySQL errors are translated into the
-``FarmError`` tree (``shardfarm.mysqlconn``), naming the host, its server and the
+``FarmError`` tree (``shardfarm.mysql.connect``), naming the host, its server and the
 shard but never bind values or passwords.
 """
 
@@ -25,7 +25,7 @@ from contextlib import contextmanager, suppress
 import pymysql
 from pymysql.constants import SERVER_STATUS
 
-from shardfarm.mysqlconn import (  # noqa: F401 - translate and the codes are used from here
+from shardfarm.mysql.connect import (  # noqa: F401 - translate and the codes are used from here
     TRANSIENT_CODES,
     UNREACHABLE_CODES,
     Where,
@@ -33,7 +33,7 @@ from shardfarm.mysqlconn import (  # noqa: F401 - translate and the codes are us
     refused_infile,
     translate,
 )
-from sharding.shardmap import Host
+from shardfarm.mysql.dsn import Host
 
 log = logging.getLogger(__name__)
 

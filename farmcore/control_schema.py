@@ -6,8 +6,8 @@ loses no work, and ``farm resume`` re-enqueues what is not done.
 
 from __future__ import annotations
 
-from shardfarm.db import connect
-from shardfarm.dsn import DSN
+from shardfarm.mysql.db import connect
+from shardfarm.mysql.dsn import DSN
 
 STATEMENTS: list[str] = [
     """CREATE TABLE IF NOT EXISTS runs (
