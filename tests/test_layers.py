@@ -21,8 +21,9 @@ ALLOWED: dict[str, set[str]] = {
     "exporters": {"shardfarm", "sharding", "farmcore"},
     "jobs": {"shardfarm", "sharding", "farmcore"},
     "workers": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters"},
+    "demo": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters", "workers"},
     "scripts": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters",
-                "workers"},
+                "workers", "demo"},
 }
 
 
