@@ -132,7 +132,7 @@ class Bench:
 
 
 def shard_map(port: int) -> dict:
-    """CONTRACTS §3 map: 16 shards and 4096 mod buckets split over two host names."""
+    """A shard map of 16 shards and 4096 mod buckets split over two host names."""
     host = {"host": "127.0.0.1", "port": port, "user": "root", "password": ""}
     half, mid = SHARDS // 2, BUCKETS // 2
     return {"version": 1, "hosts": {"MySQL001A": host, "MySQL001B": host},

@@ -1,4 +1,7 @@
-"""One ``Settings`` object built from the environment (CONTRACTS §2) and passed explicitly."""
+"""One ``Settings`` object built from the environment and passed explicitly.
+
+Every ``FARM_*`` variable is overridden by the command-line flag of the same meaning.
+"""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ MAX_LOCAL = (1 << LOCAL_BITS) - 1
 MAX_ID = (1 << (SHARD_BITS + TYPE_BITS + LOCAL_BITS)) - 1
 SHARD_SHIFT = TYPE_BITS + LOCAL_BITS
 TYPE_SHIFT = LOCAL_BITS
-# The local ID space is split in two (CONTRACTS §4): a legacy ID below FIRST_ALLOCATED is
+# The local ID space is split in two: a legacy ID below FIRST_ALLOCATED is
 # its own local ID; the shard's AUTO_INCREMENT hands out the rest, from FIRST_ALLOCATED up.
 FIRST_ALLOCATED = 1 << (LOCAL_BITS - 1)
 

@@ -8,7 +8,7 @@ DEFAULT_BUCKETS = 4096
 
 
 def bucket_of(key: str, buckets: int = DEFAULT_BUCKETS) -> int:
-    """``int(md5(key_utf8).hexdigest(), 16) % buckets`` exactly as CONTRACTS §4 says."""
+    """``int(md5(key_utf8).hexdigest(), 16) % buckets`` which every implementation must agree on."""
     return int(hashlib.md5(key.encode("utf-8")).hexdigest(), 16) % buckets
 
 

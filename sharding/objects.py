@@ -53,7 +53,7 @@ class ObjectStore:
 
     def create(self, shard: int, type_: int | str, data: dict) -> int:
         """Insert a new object on ``shard``; the shard's AUTO_INCREMENT assigns the local ID,
-        always from 2**35 up (below are legacy IDs' slots, CONTRACTS §4)."""
+        always from 2**35 up (below are legacy IDs' own slots)."""
         t = ids.type_id(type_)
         q = shard_table(shard, _table(t))
 

@@ -1,4 +1,4 @@
-"""The shard map (CONTRACTS §3): which host pair holds each shard range and mod bucket range.
+"""The shard map: which host pair holds each shard range and mod bucket range.
 
 Loading validates everything and refuses a bad map with a message naming the
 entry. Lookups are O(log n) bisections over sorted ranges. ``sharding.mapsource``

@@ -28,12 +28,12 @@ BIG_LOCAL = 2**35 + 7  # the local id the shard allocated to it
 
 
 def nid(shard: int, type_id: int, local: int) -> int:
-    """A 64-bit id by hand (CONTRACTS §4)."""
+    """A 64-bit id by hand: shard << 46 | type << 36 | local."""
     return (shard << 46) | (type_id << 36) | local
 
 
 def bucket(key: str) -> int:
-    """Mod bucket by hand (CONTRACTS §4)."""
+    """Mod bucket by hand: md5 of the UTF-8 key modulo the buckets."""
     return int(hashlib.md5(key.encode("utf-8")).hexdigest(), 16) % BUCKETS
 
 

@@ -18,7 +18,7 @@ SYSTEM = {"mysql", "information_schema", "performance_schema", "sys"}
 
 
 def _id(shard: int, type_: int, local: int) -> int:
-    """A 64-bit ID built by hand (CONTRACTS §4), not with the codec under test."""
+    """A 64-bit ID by hand (shard << 46 | type << 36 | local), not with the codec under test."""
     return (shard << 46) | (type_ << 36) | local
 
 

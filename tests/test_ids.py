@@ -35,7 +35,7 @@ def test_boundaries(shard, type_, local):
 
 
 def test_layout_matches_contract():
-    # Written from CONTRACTS §4 by hand: shard 1, type pin (1), local 1.
+    # Written by hand (shard << 46 | type << 36 | local): shard 1, type pin (1), local 1.
     assert ids.encode(1, "pin", 1) == 2**46 + 2**36 + 1
     assert ids.decode(2**46 * 3 + 2**36 * 2 + 7).as_dict() == {
         "id": 2**46 * 3 + 2**36 * 2 + 7, "shard": 3, "type": 2, "type_name": "board", "local": 7}

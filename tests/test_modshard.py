@@ -1,4 +1,7 @@
-"""Mod-shard hash, checked against an independent computation of CONTRACTS §4."""
+"""Mod-shard hash, checked against an independent computation.
+
+The bucket of a key is the md5 of its UTF-8 bytes, as an integer, modulo the buckets.
+"""
 
 import hashlib
 

@@ -1,4 +1,4 @@
-"""Object slots have one owner (CONTRACTS §4): a local ID below 2**35 is a legacy ID's own,
+"""Object slots have one owner: a local ID below 2**35 is a legacy ID's own,
 the shard allocates from 2**35 up, and no write replaces an object row it does not own.
 
 Each test builds a tiny legacy database by hand, runs the migration's chunks in this

@@ -1,0 +1,2 @@
+"""The farm's processes: the worker, the supervisor that keeps N of them per machine and
+runs housekeeping, and the nightly scheduler."""
