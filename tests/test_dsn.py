@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shardfarm.errors import ConfigError
-from shardfarm.mysql.dsn import DSN
+from shardfarm.mysql.dsn import DSN, Host
 
 
 def test_plain_dsn_has_no_tls():
@@ -70,3 +70,13 @@ def test_missing_ca_file_is_one_line_naming_the_variable(tmp_path):
         connect(dsn)
     msg = str(exc.value)
     assert "FARM_LEGACY_DSN" in msg and "none.pem" in msg and "hunter2" not in msg
+
+
+def test_a_dsn_is_the_host_of_its_server_named_after_its_variable():
+    dsn = DSN.parse("mysql://u:hunter2@db.example:3307/ctl?ssl_ca=/ca.pem",
+                    what="FARM_CONTROL_DSN")
+    assert isinstance(dsn, Host)
+    assert (dsn.name, dsn.server, dsn.database) == ("control", ("db.example", 3307, "u"), "ctl")
+    assert dsn.tls_args()["ssl_ca"] == "/ca.pem"
+    assert "hunter2" not in repr(dsn) and "hunter2" not in str(dsn)
+    assert DSN.parse("mysql://u@h/db").name == "mysql"

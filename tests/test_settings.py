@@ -22,7 +22,8 @@ def test_env_and_override():
     env = {"FARM_CONTROL_DSN": "mysql://u:p%40ss@db.example:3307/ctl",
            "FARM_EXPORT_URL": "s3://bucket/prefix"}
     s = Settings.from_env(env, FARM_EXPORT_URL="file:///tmp/x")
-    assert s.control_dsn == DSN("db.example", 3307, "u", "ctl", "p@ss")
+    assert s.control_dsn == DSN(name="control", host="db.example", port=3307, user="u",
+                                database="ctl", password="p@ss")
     assert s.export_url == "file:///tmp/x"
 
 

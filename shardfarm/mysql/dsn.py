@@ -24,15 +24,41 @@ NAMES = {"FARM_CONTROL_DSN": "control", "FARM_LEGACY_DSN": "legacy"}
 
 
 @dataclass(frozen=True)
-class DSN:
-    """A MySQL data source. ``str()`` and ``repr()`` hide the password."""
+class Host:
+    """A named MySQL server and the account to use there: a host of the shard map (several
+    names may point at one server), or the server of a ``DSN``. ``repr()`` hides the password."""
 
+    name: str
     host: str
     port: int
     user: str
-    database: str
     password: str = field(default="", repr=False)
-    tls: tuple[tuple[str, str], ...] = ()
+    tls: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_dsn(cls, name: str, dsn: DSN) -> Host:
+        """The server of ``dsn`` under another name (e.g. ``control`` for its pool)."""
+        return cls(name, dsn.host, dsn.port, dsn.user, dsn.password, dsn.tls)
+
+    def tls_args(self) -> dict:
+        """PyMySQL's TLS keyword arguments (``ssl_*`` keys of the host entry, or its DSN's)."""
+        return tls_args(dict(self.tls))
+
+    @property
+    def server(self) -> tuple[str, int, str]:
+        """The physical server identity that connection pools are keyed by."""
+        return (self.host, self.port, self.user)
+
+    def __repr__(self) -> str:
+        return f"Host({self.name}={self.user}@{self.host}:{self.port})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DSN(Host):
+    """A MySQL data source: a ``Host`` (named after its variable: ``control``, ``legacy``,
+    else ``mysql``) and a database. ``str()`` and ``repr()`` hide the password."""
+
+    database: str
     source: str = field(default="DSN", compare=False)
 
     @classmethod
@@ -58,14 +84,9 @@ class DSN:
             tls = _tls_params(parts.query)
         except ValueError as exc:
             raise bad(str(exc)) from None
-        return cls(host=parts.hostname, port=port, user=unquote(parts.username),
-                   database=database, password=unquote(parts.password or ""), tls=tls,
-                   source=what)
-
-    @property
-    def name(self) -> str:
-        """The connection's name in messages: ``control``, ``legacy`` or ``mysql``."""
-        return NAMES.get(self.source, "mysql")
+        return cls(name=NAMES.get(what, "mysql"), host=parts.hostname, port=port,
+                   user=unquote(parts.username), database=database,
+                   password=unquote(parts.password or ""), tls=tls, source=what)
 
     def __str__(self) -> str:
         auth = f"{self.user}:***" if self.password else self.user
@@ -79,10 +100,6 @@ class DSN:
         auth = quote(self.user, safe="") + (f":{quote(self.password, safe='')}"
                                             if self.password else "")
         return f"mysql://{auth}@{self.host}:{self.port}/{self.database}{self._query()}"
-
-    def tls_args(self) -> dict:
-        """PyMySQL's TLS keyword arguments for this DSN's ``ssl_*`` parameters."""
-        return tls_args(dict(self.tls))
 
     def connect_args(self) -> dict:
         """Keyword arguments for ``pymysql.connect`` (without the database)."""
@@ -133,32 +150,3 @@ def tls_args(params: dict[str, str]) -> dict:
 def _redact(text: str) -> str:
     """Replace the password part of a URL-like string with ``***``."""
     return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", text)
-
-
-@dataclass(frozen=True)
-class Host:
-    """A named MySQL host of the map. Several names may point at one server."""
-
-    name: str
-    host: str
-    port: int
-    user: str
-    password: str = ""
-    tls: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-
-    @classmethod
-    def from_dsn(cls, name: str, dsn: DSN) -> Host:
-        """A host for a DSN's server (e.g. the control database's pool), TLS included."""
-        return cls(name, dsn.host, dsn.port, dsn.user, dsn.password, dsn.tls)
-
-    def tls_args(self) -> dict:
-        """PyMySQL's TLS keyword arguments (``ssl_*`` keys of the host entry, or its DSN's)."""
-        return tls_args(dict(self.tls))
-
-    @property
-    def server(self) -> tuple[str, int, str]:
-        """The physical server identity that connection pools are keyed by."""
-        return (self.host, self.port, self.user)
-
-    def __repr__(self) -> str:
-        return f"Host({self.name}={self.user}@{self.host}:{self.port})"
