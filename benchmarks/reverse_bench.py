@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import pymysql.cursors
 
-from benchmarks._server import ShardHostMariaDB
-from benchmarks.migrate_bench import (
+from benchmarks._bench import (
     CHUNK_SIZE,
     MAPPING_COLUMNS,
     SHARDS,
@@ -33,19 +31,15 @@ from benchmarks.migrate_bench import (
     Measure,
     Target,
     count_rows,
-    dump_table,
     empty_tables,
-    flush_redis,
-    fmt_row,
-    generate,
-    load_data,
-    make_bench,
     migrate,
-    print_header,
     run_summary,
     run_workers,
     say,
+    with_bench,
 )
+from benchmarks.migrate_bench import fmt_row, generate, print_header
+from benchmarks.migrate_refs import dump_table, load_data
 from loaders.reverse import DEFAULT_CHUNK_ROWS, REVERSES
 from sharding.schema import shard_table
 
@@ -123,20 +117,11 @@ def run(bench: Bench, users: int) -> None:
 
 
 def main(argv: Iterable[str] | None = None) -> None:
-    """Parse the options, start the private server, run, and always clean up."""
+    """Parse the options, then run on the private shard-host bench."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=5000, help="legacy users (~40 rows each)")
     args = ap.parse_args(None if argv is None else list(argv))
-    sys.stdout.reconfigure(line_buffering=True)
-    flush_redis()
-    server = ShardHostMariaDB.start_shard_host()
-    bench = make_bench(server)
-    try:
-        run(bench, args.users)
-    finally:
-        server.stop()
-        flush_redis()
-        shutil.rmtree(bench.workdir, ignore_errors=True)
+    with_bench(lambda bench: run(bench, args.users))
 
 
 if __name__ == "__main__":
