@@ -36,8 +36,8 @@ import pymysql.cursors
 from redis import Redis
 
 from benchmarks._server import SHARD_HOST_OPTIONS, ShardHostMariaDB
-from loaders import migrate as migration
-from loaders.spec import ORDER
+from loaders.migration import migrate as migration
+from loaders.migration.spec import ORDER
 from sharding.schema import (
     MAPPING_TABLES,
     MOD_TABLES,

@@ -19,8 +19,8 @@ from itertools import accumulate
 from operator import itemgetter
 
 from loaders.legacy_origin import record_origin
-from loaders.legacy_schema import LEGACY_TABLES
 from loaders.legacy_write import ZERO, write
+from loaders.migration.legacy_schema import LEGACY_TABLES
 from shardfarm.errors import TransientDatabaseError, UnreachableError
 from shardfarm.mysql.dsn import DSN
 

@@ -3,7 +3,7 @@
 The generator writes into a database the operator chose to fill with synthetic
 data, so it keeps LOAD DATA's speed on one dedicated connection opened with
 ``infile=True`` for these loads only; every connection that reads the legacy
-database (``loaders.legacy``) is opened without it, so a legacy server can never
+database (``loaders.migration.legacy``) is opened without it, so a legacy server can never
 read a worker's files.
 """
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pymysql
 
-from loaders.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
+from loaders.migration.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
 from shardfarm.errors import DatabaseError
 from shardfarm.mysql.connect import translate
 from shardfarm.mysql.db import connect, where

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from loaders.generate import build, classify, generate
-from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
+from loaders.migration.legacy_schema import LEGACY_TABLES, create_legacy_schema
 from shardfarm.mysql.db import connect, drop_database
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import ROOT, ns_db, run_farm

@@ -120,8 +120,8 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
 
     from jobs import lifecycle
     from jobs.runtime import Runtime
-    from loaders import migrate as migration
-    from loaders import writer
+    from loaders.migration import migrate as migration
+    from loaders.migration import writer
 
     rt = Runtime(settings.with_(redis_url=settings.redis_url))
     try:

@@ -14,15 +14,15 @@ from collections import defaultdict
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import Outcome
-from loaders.build import Builder, TargetRows
-from loaders.migrate import _state, judge_chunk
-from loaders.spec import SELF, SPEC, LegacyTable, legacy_key
+from loaders.migration.build import Builder, TargetRows
+from loaders.migration.migrate import _state, judge_chunk
+from loaders.migration.spec import SELF, SPEC, LegacyTable, legacy_key
 from sharding import ids
 from sharding.jsondoc import dumps, loads
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
 
-HANDLER = "loaders.verify.verify_chunk"
+HANDLER = "loaders.migration.verify.verify_chunk"
 IN_BATCH = 1000
 UNION_BUCKETS = 200
 Problem = tuple[str, str, str, str]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from loaders.build import TargetRows
+from loaders.migration.build import TargetRows
 from shardfarm.errors import RetryableError
 from sharding.ids import FIRST_ALLOCATED
 from sharding.router import Router

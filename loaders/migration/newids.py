@@ -24,7 +24,7 @@ from functools import partial
 
 import orjson
 
-from loaders.spec import LegacyTable
+from loaders.migration.spec import LegacyTable
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
 from sharding.router import Router

@@ -14,18 +14,18 @@ from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
-from loaders import claims
-from loaders.build import Builder
-from loaders.legacy import LegacyReader
-from loaders.newids import IdCache, NewIds
-from loaders.resolve import Resolver, Verdict, Verdicts, user_placement
-from loaders.spec import ORDER, SPEC, legacy_key
-from loaders.writer import write_all
+from loaders.migration import claims
+from loaders.migration.build import Builder
+from loaders.migration.legacy import LegacyReader
+from loaders.migration.newids import IdCache, NewIds
+from loaders.migration.spec import ORDER, SPEC, legacy_key
+from loaders.migration.verdicts import Resolver, Verdict, Verdicts, user_placement
+from loaders.migration.writer import write_all
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.settings import Settings
 from sharding.router import Router
 
-HANDLER = "loaders.migrate.load_chunk"
+HANDLER = "loaders.migration.migrate.load_chunk"
 # Every chunk of an object table writes one upsert per mod bucket (4,096 of them) it
 # touches, so rows per chunk set rows per statement: 50k rows put ~12 lookups in each.
 # Measured with 2 workers: 15% faster than 25k; a worker's peak memory 200 MiB (150).

@@ -4,7 +4,7 @@ Shard tables are written with ``LOAD DATA LOCAL INFILE`` in primary-key order,
 after the chunk's fencing token is checked on that shard, in one transaction, on
 connections allowed ``LOCAL INFILE`` (no other connection is): running it twice
 leaves the same rows. Mapping rows are loaded with ``REPLACE`` (a row's key is its
-owner). An object row never replaces a row it does not own (``loaders.claims``):
+owner). An object row never replaces a row it does not own (``loaders.migration.claims``):
 slots the chunk's survey found empty are loaded with ``IGNORE``, and only slots
 locked and confirmed as the row's own (or all of them, if an ``IGNORE`` skipped
 any) are loaded with ``REPLACE``. Mod-bucket rows (a few per bucket,
@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING
 
-from loaders import claims
-from loaders.build import TargetRows
+from loaders.migration import claims
+from loaders.migration.build import TargetRows
 from shardfarm.mysql.infile import temp_tsv
 from sharding import fencing
 from sharding.fencing import FenceToken

@@ -13,9 +13,9 @@ import hashlib
 from collections.abc import Callable
 from typing import NamedTuple
 
-from loaders import when
-from loaders.legacy import LegacyReader
-from loaders.spec import RANDOM, SPEC, LegacyTable
+from loaders.migration import when
+from loaders.migration.legacy import LegacyReader
+from loaders.migration.spec import RANDOM, SPEC, LegacyTable
 
 
 class Verdict(NamedTuple):
