@@ -46,7 +46,7 @@ from benchmarks.migrate_bench import (
     run_workers,
     say,
 )
-from loaders.reverse import DEFAULT_CHUNK_ROWS, REVERSES
+from loaders.mappings.reverse import DEFAULT_CHUNK_ROWS, REVERSES
 from sharding.schema import shard_table
 
 CONTROL = "farm_control"

@@ -17,9 +17,9 @@ from exporters import export as exporter
 from exporters.dump import EXPORT_TABLES
 from jobs import runs
 from loaders import feeds as feeder
-from loaders import rebalance as rebalancer
-from loaders import reverse as reverser
 from loaders.generate import generate
+from loaders.mappings import rebalance as rebalancer
+from loaders.mappings import reverse as reverser
 from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.cmd_migrate import preflight

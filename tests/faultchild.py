@@ -86,7 +86,7 @@ def _add_follower(router, board: int, user: int, sequence: int) -> None:
 
 
 def _reverse(router, table: str, shard: int, lo: int, hi: int) -> None:
-    from loaders import reverse
+    from loaders.mappings import reverse
     from loaders.migration import writer
     writer.WRITE_THREADS = 1
     reverse.reverse_chunk(_Ctx(router), table, shard, lo, hi)

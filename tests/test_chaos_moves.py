@@ -18,7 +18,7 @@ from exporters import export
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from jobs.runtime import Runtime
-from loaders import rebalance as rebalancer
+from loaders.mappings import rebalance as rebalancer
 from tests.farmkit import children, start_workers, stop, until
 from tests.test_export import data  # noqa: F401 - fixture: rows on shards of both servers
 from tests.test_hotspot import _all_followers, _reverse, hot_board  # noqa: F401 - fixture

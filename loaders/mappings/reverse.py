@@ -27,7 +27,7 @@ from sharding.hotspot import FOLLOWERS, lock_directory, place
 from sharding.router import Router
 from sharding.schema import MAPPING_TABLES, shard_table
 
-HANDLER = "loaders.reverse.reverse_chunk"
+HANDLER = "loaders.mappings.reverse.reverse_chunk"
 REVERSES = {m.name: m.reverse_of for m in MAPPING_TABLES.values() if m.reverse_of}
 DEFAULT_CHUNK_ROWS = 50_000
 
