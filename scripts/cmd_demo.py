@@ -13,11 +13,11 @@ from contextlib import contextmanager
 
 import click
 
+from demo.legacygen.generate import generate
 from exporters import export as exporter
 from exporters.dump import EXPORT_TABLES
 from jobs import runs
 from loaders import feeds as feeder
-from loaders.generate import generate
 from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
 from loaders.migration import migrate as migration

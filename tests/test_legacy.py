@@ -5,7 +5,7 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from loaders.generate import generate
+from demo.legacygen.generate import generate
 from loaders.migration import legacy
 from loaders.migration.spec import SPEC
 from shardfarm.mysql.db import connect, drop_database

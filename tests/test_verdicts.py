@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loaders.generate import generate
+from demo.legacygen.generate import generate
 from loaders.migration import legacy
 from loaders.migration.spec import SPEC
 from loaders.migration.verdicts import Resolver, Verdicts, user_placement

@@ -52,7 +52,7 @@ MOD_UPSERT = {
 }
 
 
-def _tsv_of_json_rows(kind: str, rows: list[tuple]) -> str:
+def _tsv_backslash_escaped(kind: str, rows: list[tuple]) -> str:
     """LOAD DATA text, tab-separated, escaping backslashes only: the cells are integers and
     JSON text, which holds no raw tab, newline, carriage return or NUL (JSON escapes them)."""
     if kind == "object":
@@ -66,7 +66,7 @@ def load_rows(cur: Cursor, q: str, kind: str, rows: list[tuple], mode: str = "RE
     """Inside a shard transaction: ``LOAD DATA LOCAL INFILE … REPLACE`` (or ``IGNORE``) of
     ``rows`` into ``q`` (``kind`` is ``object`` or ``mapping``); returns the rows affected.
     The connection must allow ``LOCAL INFILE``."""
-    with temp_tsv(_tsv_of_json_rows(kind, rows)) as path:
+    with temp_tsv(_tsv_backslash_escaped(kind, rows)) as path:
         return cur.execute(f"LOAD DATA LOCAL INFILE %s {LOAD_MODES[mode]} INTO TABLE {q} "
                            f"CHARACTER SET utf8mb4 {COLUMNS[kind]}", (path,))
 
