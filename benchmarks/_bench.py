@@ -25,8 +25,8 @@ import pymysql.cursors
 from redis import Redis
 
 from benchmarks._server import ShardHostMariaDB
-from loaders import migrate as migration
-from loaders.spec import ORDER
+from loaders.migration import migrate as migration
+from loaders.migration.spec import ORDER
 from sharding.schema import (
     MAPPING_TABLES,
     MOD_TABLES,

@@ -40,7 +40,7 @@ from benchmarks._bench import (
 )
 from benchmarks.migrate_bench import fmt_row, generate, print_header
 from benchmarks.migrate_refs import dump_table, load_data
-from loaders.reverse import DEFAULT_CHUNK_ROWS, REVERSES
+from loaders.mappings.reverse import DEFAULT_CHUNK_ROWS, REVERSES
 from sharding.schema import shard_table
 
 CONTROL = "farm_control"

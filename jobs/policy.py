@@ -31,8 +31,9 @@ from shardfarm.errors import FatalError
 ENV = "FARM_JOB_MODULES"
 ENTRY_POINT = "jobs.items.run_items"
 CHUNK_FUNCTION = "jobs.chunk.run_chunk"
-_HANDLER_MODULES = ("loaders.migrate", "loaders.verify", "loaders.reverse", "loaders.rebalance",
-                    "loaders.feeds", "exporters.export")
+_HANDLER_MODULES = ("loaders.migration.migrate", "loaders.migration.verify",
+                    "loaders.mappings.reverse", "loaders.mappings.rebalance", "loaders.feeds",
+                    "exporters.export")
 _DOTTED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*$")
 
 

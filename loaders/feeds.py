@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from farmcore import keys
 from farmcore.context import ChunkContext
@@ -24,6 +25,9 @@ from shardfarm.errors import ConfigError, InvalidIdError, UsageError
 from sharding import ids
 from sharding.router import Router
 from sharding.schema import shard_table
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 HANDLER = "loaders.feeds.rebuild_chunk"
 KIND = "feeds"
@@ -169,7 +173,7 @@ def merge_feed(lists: Iterable[list[Entry]], length: int) -> list[int]:
     return out
 
 
-def swap_feeds(redis, feeds: dict[int, list[int]], batch: int = REDIS_BATCH) -> int:
+def swap_feeds(redis: Redis, feeds: dict[int, list[int]], batch: int = REDIS_BATCH) -> int:
     """Replace each user's feed atomically (temporary key, then ``RENAME``, in one
     ``MULTI/EXEC`` per ``batch`` users); an empty feed deletes the key. Returns pins written."""
     pins = 0

@@ -13,14 +13,14 @@ from contextlib import contextmanager
 
 import click
 
+from demo.legacygen.generate import generate
 from exporters import export as exporter
 from exporters.dump import EXPORT_TABLES
 from jobs import runs
 from loaders import feeds as feeder
-from loaders import migrate as migration
-from loaders import rebalance as rebalancer
-from loaders import reverse as reverser
-from loaders.generate import generate
+from loaders.mappings import rebalance as rebalancer
+from loaders.mappings import reverse as reverser
+from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.cmd_migrate import preflight
 from scripts.cmd_shards import init_all
@@ -226,7 +226,7 @@ def _run(app: App, p: Phases, phase: str, kind: str, handler: str, tag: dict, pa
 
 def _verify(app: App, run_id: str, tag: dict) -> RunResult:
     """Verify migrate run ``run_id``; the result counts its mismatches."""
-    from loaders import verify as verifier
+    from loaders.migration import verify as verifier
     rt = app.runtime
     of = rt.ledger.run(run_id)["params"]
     _, chunks = migration.plan(app.settings, app.router, rt.ledger, of["chunk_rows"])

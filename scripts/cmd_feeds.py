@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from jobs import runs
-from loaders import feeds as feed_loader
+from loaders import feeds as feeder
 from scripts.app import App
 from scripts.cmd_migrate import preflight, warn_without_workers
 from scripts.cmd_runs import finish
@@ -18,7 +18,7 @@ def parse_users(text: str | None) -> list[int] | None:
     if text is None:
         return None
     parts = [p for p in text.split(",") if p.strip()]
-    return feed_loader.check_user_ids(ids.parse(p).id for p in parts)
+    return feeder.check_user_ids(ids.parse(p).id for p in parts)
 
 
 @click.group("feeds")
@@ -29,9 +29,9 @@ def feeds() -> None:
 @feeds.command("rebuild")
 @click.option("--users", default=None, metavar="ID,ID,...",
               help="Only these users, as one chunk (default: every active user).")
-@click.option("--length", default=feed_loader.DEFAULT_LENGTH, show_default=True,
-              type=click.IntRange(1, feed_loader.MAX_LENGTH), help="Pins kept per feed.")
-@click.option("--chunk-size", default=feed_loader.DEFAULT_CHUNK_USERS, show_default=True,
+@click.option("--length", default=feeder.DEFAULT_LENGTH, show_default=True,
+              type=click.IntRange(1, feeder.MAX_LENGTH), help="Pins kept per feed.")
+@click.option("--chunk-size", default=feeder.DEFAULT_CHUNK_USERS, show_default=True,
               type=click.IntRange(min=1), help="Users per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
 @farm_options
@@ -44,8 +44,8 @@ def rebuild(app: App, users: str | None, length: int, chunk_size: int, wait: boo
     user_ids = parse_users(users)
     preflight(app)
     warn_without_workers(app)
-    params, chunks = feed_loader.plan(app.router, chunk_size, length, user_ids)
-    run_id = runs.start(app.runtime, feed_loader.KIND, feed_loader.HANDLER, chunks, params)
+    params, chunks = feeder.plan(app.router, chunk_size, length, user_ids)
+    run_id = runs.start(app.runtime, feeder.KIND, feeder.HANDLER, chunks, params)
     finish(app, run_id, wait)
 
 

@@ -8,8 +8,8 @@ import time
 import click
 from tqdm import tqdm
 
-from loaders.generate import generate
-from loaders.legacy_origin import refuse_to_replace
+from demo.legacygen.generate import generate
+from demo.legacygen.origin import refuse_to_replace
 from scripts.app import App
 from scripts.options import emit, farm_options
 

@@ -8,8 +8,8 @@ import click
 
 from farmcore import control_schema
 from jobs import runs
-from loaders import migrate as migration
-from loaders import verify as verifier
+from loaders.migration import migrate as migration
+from loaders.migration import verify as verifier
 from scripts.app import App
 from scripts.cmd_runs import finish
 from scripts.options import emit, farm_options

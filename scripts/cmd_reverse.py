@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from jobs import runs
-from loaders import rebalance as rebalancer
-from loaders import reverse as reverser
+from loaders.mappings import rebalance as rebalancer
+from loaders.mappings import reverse as reverser
 from scripts.app import App
 from scripts.cmd_migrate import preflight, warn_without_workers
 from scripts.cmd_runs import finish

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pymysql
 
-from loaders.legacy_origin import COUNT_CAP, describe_rows, legacy_rows, read_origin, where
+from demo.legacygen.origin import COUNT_CAP, describe_rows, legacy_rows, read_origin, where
 from scripts.app import App
 from shardfarm.errors import DatabaseError, FatalError
 from shardfarm.mysql.db import connect

@@ -253,7 +253,7 @@ def add_follower(router: Router, board_id: int, user_id: int, sequence: int) -> 
     first committed on its listed shard (if the board is hot), then written home (unless
     the board is spread), and the home commit comes last. A crash before that commit leaves
     at most a listed-shard row that no reader sees, which the flip's completeness check
-    removes (``loaders.rebalance``); a crash after it leaves the row everywhere it belongs.
+    removes (``loaders.mappings.rebalance``); a crash after it leaves the row everywhere it belongs.
     """
     home = ids.shard_of(board_id)
     row = (board_id, user_id, sequence)

@@ -86,9 +86,10 @@ def _add_follower(router, board: int, user: int, sequence: int) -> None:
 
 
 def _reverse(router, table: str, shard: int, lo: int, hi: int) -> None:
-    from loaders import reverse, writer
+    from loaders.mappings import reverse as reverser
+    from loaders.migration import writer
     writer.WRITE_THREADS = 1
-    reverse.reverse_chunk(_Ctx(router), table, shard, lo, hi)
+    reverser.reverse_chunk(_Ctx(router), table, shard, lo, hi)
 
 
 SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse}

@@ -14,11 +14,11 @@ import signal
 import threading
 from pathlib import Path
 
-from exporters import export
+from exporters import export as exporter
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from jobs.runtime import Runtime
-from loaders import rebalance as rebalancer
+from loaders.mappings import rebalance as rebalancer
 from tests.farmkit import children, start_workers, stop, until
 from tests.test_export import data  # noqa: F401 - fixture: rows on shards of both servers
 from tests.test_hotspot import _all_followers, _reverse, hot_board  # noqa: F401 - fixture
@@ -38,7 +38,7 @@ def _stopped(pid: int) -> bool:
 def _start_export(rt: Runtime, router, url: str, marker: Path) -> str:
     """An export of ``users`` whose first chunk attempt to reach a part's commit freezes
     itself there (the zombie)."""
-    params, chunks = export.plan(router, DATE, url, ["users"])
+    params, chunks = exporter.plan(router, DATE, url, ["users"])
     frozen = [ChunkSpec(c.kind, {**c.args, "freeze_once": str(marker)}) for c in chunks]
     return runs.start(rt, "export", FROZEN, frozen, params)
 

@@ -11,12 +11,12 @@ import time
 import pytest
 import redis
 
-from exporters import export
+from exporters import export as exporter
 from jobs.runtime import Runtime
 from shardfarm.errors import ConfigError
 from tests.conftest import ROOT, run_farm
 from tests.farmkit import start_workers, stop, until
-from workers import cron
+from workers import cron as scheduler
 
 NOW = dt.datetime(2026, 11, 22, 3, 0, 30)  # just after tonight's 03:00 UTC slot
 
@@ -40,8 +40,8 @@ def rt(settings, ledger, router, tmp_path):
     r.close()
 
 
-def _scheduler(rt: Runtime, name: str, clock: Clock, **kw) -> cron.Scheduler:
-    return cron.Scheduler(rt, name=name, now=clock, export_args={"tables": ["users"]}, **kw)
+def _scheduler(rt: Runtime, name: str, clock: Clock, **kw) -> scheduler.Scheduler:
+    return scheduler.Scheduler(rt, name=name, now=clock, export_args={"tables": ["users"]}, **kw)
 
 
 def _runs_of(rt: Runtime, name: str) -> list[tuple]:
@@ -54,21 +54,21 @@ def _runs_of(rt: Runtime, name: str) -> list[tuple]:
 # -- the schedule itself -----------------------------------------------------------------
 def test_slots_between_catches_up_oldest_first_and_bounded():
     after = dt.datetime(2026, 11, 19, 3, 0)
-    assert cron.slots_between("0 3 * * *", after, NOW) == [
+    assert scheduler.slots_between("0 3 * * *", after, NOW) == [
         dt.datetime(2026, 11, d, 3, 0) for d in (20, 21, 22)]
-    assert cron.slots_between("0 3 * * *", None, NOW) == [dt.datetime(2026, 11, 22, 3, 0)]
-    assert cron.slots_between("0 3 * * *", NOW, NOW) == []
+    assert scheduler.slots_between("0 3 * * *", None, NOW) == [dt.datetime(2026, 11, 22, 3, 0)]
+    assert scheduler.slots_between("0 3 * * *", NOW, NOW) == []
     long_ago = dt.datetime(2026, 1, 1)
-    assert cron.slots_between("0 3 * * *", long_ago, NOW, limit=7) == [
+    assert scheduler.slots_between("0 3 * * *", long_ago, NOW, limit=7) == [
         dt.datetime(2026, 11, d, 3, 0) for d in range(16, 23)]
     exactly = dt.datetime(2026, 11, 22, 3, 0)  # a slot is due at its own minute
-    assert cron.slots_between("0 3 * * *", None, exactly) == [exactly]
+    assert scheduler.slots_between("0 3 * * *", None, exactly) == [exactly]
 
 
 @pytest.mark.parametrize("expr", ["0 3 * *", "61 3 * * *", "every night", "0 3 * * * *"])
 def test_bad_expression_is_one_clear_line(expr, farm_env):
     with pytest.raises(ConfigError, match="bad cron expression"):
-        cron.check_expression(expr)
+        scheduler.check_expression(expr)
     out = run_farm(farm_env, "cron", "--at", expr, "--once")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "bad cron expression" in out.stderr
@@ -76,7 +76,7 @@ def test_bad_expression_is_one_clear_line(expr, farm_env):
 
 def test_run_ids_are_one_per_slot():
     slot = dt.datetime(2026, 11, 22, 3, 0)
-    assert cron.run_id_for("export", slot) == "cron-export-20261122T0300Z"
+    assert scheduler.run_id_for("export", slot) == "cron-export-20261122T0300Z"
 
 
 # -- leadership, once per slot, catch-up --------------------------------------------------
@@ -152,11 +152,11 @@ def test_two_cron_processes_fire_the_night_once_and_workers_export_it(farm_env, 
     procs = [_cron_proc(env, name) for _ in range(2)]
     workers = start_workers(env, 2)
     try:
-        slot = cron.slots_between(cron.DEFAULT_AT, None, cron.utcnow())[0]
+        slot = scheduler.slots_between(scheduler.DEFAULT_AT, None, scheduler.utcnow())[0]
         date = (slot.date() - dt.timedelta(days=1)).isoformat()
         success = tmp_path / "exp" / "users" / f"dt={date}" / "_SUCCESS"
         until(success.exists, timeout=90, what="the scheduled export's _SUCCESS")
-        time.sleep(2 * cron.TICK_SECONDS)  # both schedulers tick again: nothing more fires
+        time.sleep(2 * scheduler.TICK_SECONDS)  # both schedulers tick again: nothing more fires
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -165,7 +165,7 @@ def test_two_cron_processes_fire_the_night_once_and_workers_export_it(farm_env, 
         r.flushdb()
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     fired = [json.loads(line) for out, _ in outs for line in out.splitlines() if line.strip()]
-    assert [f["run_id"] for f in fired] == [cron.run_id_for(name, slot)]
+    assert [f["run_id"] for f in fired] == [scheduler.run_id_for(name, slot)]
     assert fired[0]["date"] == date and fired[0]["created"] is True
     manifest = json.loads((success.parent / "_manifest.json").read_text())
     assert len(manifest["files"]) == len(list(router.shardmap.shards()))
@@ -179,11 +179,11 @@ def test_a_slot_whose_creator_died_before_queueing_is_queued(rt):
     clock = Clock(NOW)
     a = _scheduler(rt, "t-died", clock, owner="a")
     slot = a.due()[0]
-    params, chunks = export.plan(rt.router, "2026-11-21", rt.settings.export_url, ["users"])
-    rt.ledger.create_run("export", "farm", {**params, "handler": export.HANDLER}, chunks,
-                         run_id=cron.run_id_for("t-died", slot))
+    params, chunks = exporter.plan(rt.router, "2026-11-21", rt.settings.export_url, ["users"])
+    rt.ledger.create_run("export", "farm", {**params, "handler": exporter.HANDLER}, chunks,
+                         run_id=scheduler.run_id_for("t-died", slot))
     assert rt.redis.llen("rq:queue:farm") == 0
     fired = a.tick()
-    assert [(f["run_id"], f["created"]) for f in fired] == [(cron.run_id_for("t-died", slot),
+    assert [(f["run_id"], f["created"]) for f in fired] == [(scheduler.run_id_for("t-died", slot),
                                                               False)]
     assert rt.redis.llen("rq:queue:farm") == 16 and a.due() == []

@@ -91,7 +91,7 @@ def test_database_the_user_may_not_open_is_named(limited_user):
 
 
 def test_command_denied_names_the_table(limited_user):
-    from loaders.legacy import LegacyReader
+    from loaders.migration.legacy import LegacyReader
     reader = LegacyReader(_legacy(limited_user, PASSWORD, "farm_err_db"))
     msg = _error(lambda: reader.query("INSERT INTO t (id) VALUES (%s)", (424242,)))
     reader.close()
@@ -203,7 +203,7 @@ def test_cli_gives_up_on_an_unroutable_control_host(farm_env):
 def test_permanent_errors_are_not_retried(server_b):
     dsn = DSN.parse(f"mysql://root@127.0.0.1:{server_b.port}/farm_err_nodb2",
                     what="FARM_LEGACY_DSN")
-    from loaders.legacy import LegacyReader
+    from loaders.migration.legacy import LegacyReader
     reader = LegacyReader(dsn)
     t0 = time.monotonic()
     with pytest.raises(PermanentDatabaseError):

@@ -19,7 +19,7 @@ from moto.server import ThreadedMotoServer
 from pyarrow import dataset as pads
 from pyarrow import fs as pafs
 
-from exporters import export
+from exporters import export as exporter
 from exporters.destinations import FileDestination, S3Destination, open_destination
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
@@ -227,7 +227,7 @@ def test_changed_part_withdraws_success_until_final(router, ledger, s3, data):
     """Re-exporting after a change rewrites the part; _SUCCESS is off while it changes."""
     dest = open_destination(f"s3://{BUCKET}/unit")
     params = {"kinds": ["users"], "date": DATE, "dest": dest.url, "format": "jsonl",
-              "from": "master", "force": False, "handler": export.HANDLER}
+              "from": "master", "force": False, "handler": exporter.HANDLER}
     shards = [SHARDS_A[0], SHARDS_A[0] + 1]
 
     def start(p: dict) -> str:
@@ -236,7 +236,7 @@ def test_changed_part_withdraws_success_until_final(router, ledger, s3, data):
 
     def chunk(run_id: str, i: int, p: dict) -> Outcome:
         lease = ledger.claim(run_id, i, "test-owner")
-        out = export.export_chunk(ChunkContext(None, router, ledger, lease, p), "users",
+        out = exporter.export_chunk(ChunkContext(None, router, ledger, lease, p), "users",
                                   shards[i])
         ledger.finish(lease, out)
         ledger.refresh_status(run_id)  # as a worker does: a finished run lets the next write
@@ -310,12 +310,12 @@ class Recording(FileDestination):
 
 def test_manifest_then_success_written_last_and_only_once(tmp_path):
     dest = Recording(tmp_path)
-    parts = [export.Part(f"part-{s:05d}.jsonl.gz", s, 3, 10, "ab" * 32) for s in (2, 1)]
-    doc = export.manifest_doc("users", DATE, "jsonl", parts)
+    parts = [exporter.Part(f"part-{s:05d}.jsonl.gz", s, 3, 10, "ab" * 32) for s in (2, 1)]
+    doc = exporter.manifest_doc("users", DATE, "jsonl", parts)
     assert [f["shard"] for f in doc["files"]] == [1, 2] and (doc["rows"], doc["bytes"]) == (6, 20)
-    export.write_final(dest, "users/dt=x/", doc)
+    exporter.write_final(dest, "users/dt=x/", doc)
     assert dest.writes == ["_manifest.json", "_SUCCESS"]
-    export.write_final(dest, "users/dt=x/", doc)
+    exporter.write_final(dest, "users/dt=x/", doc)
     assert dest.writes == ["_manifest.json", "_SUCCESS"]  # identical: nothing written again
 
 
@@ -409,9 +409,9 @@ def test_from_slave_reads_the_slave(env, slave_map, tmp_path):
 def test_concurrent_finalizers_agree(tmp_path):
     """Two chunks completing a table at once both write the same manifest; _SUCCESS stays."""
     dest = FileDestination(tmp_path)
-    parts = [export.Part(f"part-{s:05d}.jsonl.gz", s, 1, 1, "cd" * 32) for s in range(4)]
-    doc = export.manifest_doc("pins", DATE, "jsonl", parts)
-    threads = [threading.Thread(target=export.write_final, args=(dest, "pins/dt=x/", doc))
+    parts = [exporter.Part(f"part-{s:05d}.jsonl.gz", s, 1, 1, "cd" * 32) for s in range(4)]
+    doc = exporter.manifest_doc("pins", DATE, "jsonl", parts)
+    threads = [threading.Thread(target=exporter.write_final, args=(dest, "pins/dt=x/", doc))
                for _ in range(4)]
     for t in threads:
         t.start()
@@ -453,21 +453,21 @@ def test_finalizers_under_the_folder_lock_write_once(ledger, tmp_path):
     """Chunks completing a table at the same moment: the named lock makes the later ones find
     the manifest and _SUCCESS written, so nothing is withdrawn or written twice."""
     dest = Recording(tmp_path)
-    log_ = export.PartLog(ledger, dest.url)
-    parts = [export.Part(f"part-{s:05d}.jsonl.gz", s, 1, 1, "ef" * 32) for s in range(4)]
-    doc = export.manifest_doc("likes", DATE, "jsonl", parts)
+    log_ = exporter.PartLog(ledger, dest.url)
+    parts = [exporter.Part(f"part-{s:05d}.jsonl.gz", s, 1, 1, "ef" * 32) for s in range(4)]
+    doc = exporter.manifest_doc("likes", DATE, "jsonl", parts)
     gate = threading.Barrier(4)
 
     def finalizer() -> None:
         gate.wait()
         with log_.lock("likes/dt=x/"):
-            export.write_final(dest, "likes/dt=x/", doc)
+            exporter.write_final(dest, "likes/dt=x/", doc)
     threads = [threading.Thread(target=finalizer) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert dest.writes == ["_manifest.json", "_SUCCESS"]
-    other = export.PartLog(ledger, dest.url)
+    other = exporter.PartLog(ledger, dest.url)
     with log_.lock("likes/dt=x/"), pytest.raises(RetryableError), other.lock("likes/dt=x/", 0):
         pass

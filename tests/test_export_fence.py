@@ -13,7 +13,7 @@ import pymysql
 import pytest
 import redis
 
-from exporters import export
+from exporters import export as exporter
 from exporters.destinations import FileDestination, open_destination
 from exporters.partlog import FolderBusyError, PartLog
 from farmcore.context import ChunkContext
@@ -131,15 +131,15 @@ def test_zombie_frozen_before_multipart_completion_never_replaces_the_finalized_
 
 def test_wrong_part_of_the_right_size_is_exported_again(ledger, router, tmp_path, data):  # noqa: F811
     dest = FileDestination(tmp_path)
-    params = {**_params(dest.url), "handler": export.HANDLER}
+    params = {**_params(dest.url), "handler": exporter.HANDLER}
     shard = SHARDS_A[0]
-    folder, name = f"users/dt={DATE}/", export.part_name(shard, "jsonl")
+    folder, name = f"users/dt={DATE}/", exporter.part_name(shard, "jsonl")
 
     def one_run() -> bool:
         run_id = ledger.create_run("export", "farm", params, [
             ChunkSpec("users", {"table": "users", "shard": shard})])
         lease = ledger.claim(run_id, 0, "test-owner")
-        out = export.export_chunk(ChunkContext(None, router, ledger, lease, params), "users",
+        out = exporter.export_chunk(ChunkContext(None, router, ledger, lease, params), "users",
                                   shard)
         ledger.finish(lease, out)
         ledger.refresh_status(run_id)
@@ -156,15 +156,15 @@ def test_wrong_part_of_the_right_size_is_exported_again(ledger, router, tmp_path
 
 def test_two_runs_of_one_date_never_write_a_folder_at_once(ledger, router, tmp_path, data):  # noqa: F811
     dest = FileDestination(tmp_path)
-    params = {**_params(dest.url), "handler": export.HANDLER}
+    params = {**_params(dest.url), "handler": exporter.HANDLER}
     shards = [SHARDS_A[0], SHARDS_A[0] + 3]
     runs_ = [ledger.create_run("export", "farm", params, [
         ChunkSpec("users", {"table": "users", "shard": s}) for s in shards]) for _ in range(2)]
     ctx = [ChunkContext(None, router, ledger, ledger.claim(r, 0, "test-owner"), params)
            for r in runs_]
-    export.export_chunk(ctx[0], "users", shards[0])  # the first run writes the folder
+    exporter.export_chunk(ctx[0], "users", shards[0])  # the first run writes the folder
     with pytest.raises(FolderBusyError, match=runs_[0]):
-        export.export_chunk(ctx[1], "users", shards[0])  # the second waits for it
+        exporter.export_chunk(ctx[1], "users", shards[0])  # the second waits for it
     folder = f"users/dt={DATE}/"
     log_ = PartLog(ledger, dest.url)
     assert [p.shard for p in log_.of_run(folder, runs_[0])] == shards[:1]

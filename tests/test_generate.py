@@ -13,8 +13,8 @@ import pymysql
 import pytest
 from click.testing import CliRunner
 
-from loaders.generate import build, classify, generate
-from loaders.legacy_schema import LEGACY_TABLES, create_legacy_schema
+from demo.legacygen.generate import build, classify, generate
+from loaders.migration.legacy_schema import LEGACY_TABLES, create_legacy_schema
 from shardfarm.mysql.db import connect, drop_database
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import ROOT, ns_db, run_farm
@@ -107,7 +107,7 @@ def test_same_seed_same_bytes_other_seed_differs():
 
 
 def test_build_ignores_python_hash_seed():
-    code = ("import hashlib; from loaders.generate import build; "
+    code = ("import hashlib; from demo.legacygen.generate import build; "
             "print(hashlib.sha256(repr(build(200, 3).tables).encode()).hexdigest())")
     out = {subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, text=True,
                           capture_output=True, env={**os.environ, "PYTHONHASHSEED": s}).stdout

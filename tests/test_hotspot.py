@@ -8,8 +8,8 @@ import redis
 
 from jobs import lifecycle, runs
 from jobs.runtime import Runtime
-from loaders import rebalance as rebalancer
-from loaders import reverse as reverser
+from loaders.mappings import rebalance as rebalancer
+from loaders.mappings import reverse as reverser
 from sharding import hotspot, ids
 from sharding.mappings import Edge, MappingStore
 from sharding.schema import shard_table

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pymysql
 import pytest
 
-from loaders import legacy
-from loaders.generate import generate
-from loaders.spec import SPEC
+from demo.legacygen.generate import generate
+from loaders.migration import legacy
+from loaders.migration.spec import SPEC
 from shardfarm.mysql.db import connect, drop_database
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import ns_db

@@ -120,8 +120,8 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
 
     from jobs import lifecycle
     from jobs.runtime import Runtime
-    from loaders import migrate as migration
-    from loaders import writer
+    from loaders.migration import migrate as migration
+    from loaders.migration import writer
 
     rt = Runtime(settings.with_(redis_url=settings.redis_url))
     try:
@@ -165,13 +165,13 @@ def test_sweep_temp_deletes_only_old_load_files(tmp_path, monkeypatch):
     import os
     import time
 
-    from loaders import writer
-    monkeypatch.setattr(writer, "TMP", str(tmp_path))
+    from shardfarm.mysql import infile
+    monkeypatch.setattr(infile, "TMP", str(tmp_path))
     old, fresh, other = (tmp_path / n for n in ("farm-a.tsv", "farm-b.tsv", "mine-c.tsv"))
     for p in (old, fresh, other):
         p.write_text("1\t2\t3\n")
     past = time.time() - 7200
     os.utime(old, (past, past))
     os.utime(other, (past, past))
-    assert writer.sweep_temp(3600) == 1
+    assert infile.sweep_temp(3600) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["farm-b.tsv", "mine-c.tsv"]

@@ -2,8 +2,8 @@
 
 import threading
 
-from loaders.newids import NewIds
-from loaders.spec import SPEC
+from loaders.migration.newids import NewIds
+from loaders.migration.spec import SPEC
 from sharding import ids
 from sharding.schema import shard_table
 from tests.conftest import SHARDS_A, SHARDS_B

@@ -54,8 +54,8 @@ def test_prefixes_match_whole_dotted_names():
     assert "not allowed" in JobPolicy().item_refusal("tests.kinds.record")
     for bad in ("tests.kinds._private", "tests.kinds.__class__", "record", "a..b", 42, None):
         assert "dotted" in POLICY.item_refusal(bad)
-    assert POLICY.handler_refusal("loaders.migrate.load_chunk") is None
-    assert "not allowed" in POLICY.handler_refusal("loaders.migrate.plan")
+    assert POLICY.handler_refusal("loaders.migration.migrate.load_chunk") is None
+    assert "not allowed" in POLICY.handler_refusal("loaders.migration.migrate.plan")
 
 
 def test_flags_override_the_variable_and_bad_prefixes_are_one_line():

@@ -129,7 +129,7 @@ def _assert_plain(rogue: RogueServer, multi: tuple[int, ...] = ()) -> None:
 
 def test_legacy_connection_sends_no_file_to_a_rogue_server(rogue):
     dsn = DSN.parse(f"mysql://reader@127.0.0.1:{rogue.port}/legacy", what="FARM_LEGACY_DSN")
-    from loaders.legacy import LegacyReader
+    from loaders.migration.legacy import LegacyReader
     reader = LegacyReader(dsn)
     with pytest.raises(FarmError) as exc:
         reader.query("SELECT 1")
@@ -194,8 +194,8 @@ def test_plain_pooled_connections_refuse_load_data_and_multi_statements(router):
 
 
 def test_the_writers_still_load_data(router):
-    from loaders.build import TargetRows
-    from loaders.writer import write_all
+    from loaders.migration.build import TargetRows
+    from loaders.migration.writer import write_all
     shard, bucket = SHARDS_A[0], 3
     rows = TargetRows()
     rows.mappings[(shard, "pin_has_comments")] = [(4242, 4343, 7), (4242, 4344, 8)]

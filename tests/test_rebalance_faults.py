@@ -7,7 +7,7 @@ import pytest
 
 from jobs import lifecycle
 from jobs.runtime import Runtime
-from loaders import rebalance as rebalancer
+from loaders.mappings import rebalance as rebalancer
 from sharding import hotspot, ids
 from sharding.mappings import Edge, MappingStore
 from sharding.schema import shard_table

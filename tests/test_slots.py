@@ -12,9 +12,9 @@ import json
 import pymysql
 import pytest
 
-from loaders import migrate as migration
-from loaders import verify as verifier
-from loaders.legacy_schema import create_legacy_schema
+from loaders.migration import migrate as migration
+from loaders.migration import verify as verifier
+from loaders.migration.legacy_schema import create_legacy_schema
 from sharding import ids
 from sharding.objects import ObjectStore
 from sharding.schema import mod_table, shard_table
@@ -231,9 +231,9 @@ def test_each_chunk_allocates_with_its_own_router(rt, settings, router, map_path
 def test_a_slot_filled_between_survey_and_write(router, appeared):
     """A row lands in a slot the survey saw empty (a predecessor of the same chunk, or a
     hand edit): the writer replaces its own row, and refuses (retryable) to touch another."""
-    from loaders.build import TargetRows
-    from loaders.claims import SlotChangedError
-    from loaders.writer import write_shards
+    from loaders.migration.build import TargetRows
+    from loaders.migration.claims import SlotChangedError
+    from loaders.migration.writer import write_shards
     from tests.conftest import SHARDS_B
     shard, local = SHARDS_B[0] + 6, 4321
     q = shard_table(shard, "pins")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from croniter import croniter
 
-from exporters import export
+from exporters import export as exporter
 from farmcore import keys
 from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
@@ -137,11 +137,11 @@ class Scheduler:
         """Start the export of the day before ``slot`` (once per slot, whoever asks)."""
         date = (slot.date() - dt.timedelta(days=1)).isoformat()
         a = self.export_args
-        params, chunks = export.plan(self.rt.router, date, a.get("dest") or
+        params, chunks = exporter.plan(self.rt.router, date, a.get("dest") or
                                      self.rt.settings.export_url, a.get("tables"),
                                      a.get("format", "jsonl"), a.get("from", "master"))
         run_id = run_id_for(self.name, slot)
-        params = {**params, "handler": export.HANDLER, "cron": self.name,
+        params = {**params, "handler": exporter.HANDLER, "cron": self.name,
                   "slot": slot.isoformat() + "Z"}
         try:
             self.rt.ledger.create_run("export", DEFAULT_QUEUE, params, chunks, run_id=run_id)

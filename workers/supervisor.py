@@ -26,7 +26,7 @@ import redis
 from farmcore import keys
 from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
-from loaders.writer import sweep_temp
+from shardfarm.mysql.infile import sweep_temp
 from shardfarm.settings import Settings
 from workers import maintenance
 

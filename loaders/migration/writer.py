@@ -4,7 +4,7 @@ Shard tables are written with ``LOAD DATA LOCAL INFILE`` in primary-key order,
 after the chunk's fencing token is checked on that shard, in one transaction, on
 connections allowed ``LOCAL INFILE`` (no other connection is): running it twice
 leaves the same rows. Mapping rows are loaded with ``REPLACE`` (a row's key is its
-owner). An object row never replaces a row it does not own (``loaders.claims``):
+owner). An object row never replaces a row it does not own (``loaders.migration.claims``):
 slots the chunk's survey found empty are loaded with ``IGNORE``, and only slots
 locked and confirmed as the row's own (or all of them, if an ``IGNORE`` skipped
 any) are loaded with ``REPLACE``. Mod-bucket rows (a few per bucket,
@@ -18,26 +18,25 @@ transaction ~250 us (InnoDB slows with thousands of tables in one transaction).
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from functools import partial
-from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loaders import claims
-from loaders.build import TargetRows
+from loaders.migration import claims
+from loaders.migration.build import TargetRows
+from shardfarm.mysql.infile import temp_tsv
 from sharding import fencing
 from sharding.fencing import FenceToken
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
 
+if TYPE_CHECKING:
+    from pymysql.cursors import Cursor
+
 BATCH = 1000
 WRITE_THREADS = 2
 MOD_TX_STATEMENTS = 64
-TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 COLUMNS = {"object": "(local_id, data, active)", "mapping": "(from_id, to_id, sequence)"}
 LOAD_MODES = {"REPLACE": "REPLACE", "IGNORE": "IGNORE"}
 
@@ -53,8 +52,9 @@ MOD_UPSERT = {
 }
 
 
-def _tsv(kind: str, rows: list[tuple]) -> str:
-    """LOAD DATA text: tab-separated, backslash-escaped (JSON text has no raw tabs/newlines)."""
+def _tsv_backslash_escaped(kind: str, rows: list[tuple]) -> str:
+    """LOAD DATA text, tab-separated, escaping backslashes only: the cells are integers and
+    JSON text, which holds no raw tab, newline, carriage return or NUL (JSON escapes them)."""
     if kind == "object":
         rows = sorted(rows)
         return "".join(f"{local}\t{data.replace(chr(92), chr(92) * 2)}\t1\n"
@@ -62,31 +62,13 @@ def _tsv(kind: str, rows: list[tuple]) -> str:
     return "".join(f"{a}\t{b}\t{c}\n" for a, b, c in sorted(rows))
 
 
-def sweep_temp(max_age: float = 3600) -> int:
-    """Delete ``farm-*.tsv`` files older than ``max_age`` seconds: left by a worker killed
-    during a ``LOAD DATA`` (no load lasts that long). Returns how many were deleted."""
-    root = Path(TMP or tempfile.gettempdir())
-    cutoff, n = time.time() - max_age, 0
-    for path in root.glob("farm-*.tsv"):
-        with suppress(OSError):
-            if path.stat().st_mtime < cutoff:
-                path.unlink()
-                n += 1
-    return n
-
-
-def load_rows(cur, q: str, kind: str, rows: list[tuple], mode: str = "REPLACE") -> int:
+def load_rows(cur: Cursor, q: str, kind: str, rows: list[tuple], mode: str = "REPLACE") -> int:
     """Inside a shard transaction: ``LOAD DATA LOCAL INFILE … REPLACE`` (or ``IGNORE``) of
     ``rows`` into ``q`` (``kind`` is ``object`` or ``mapping``); returns the rows affected.
     The connection must allow ``LOCAL INFILE``."""
-    fd, path = tempfile.mkstemp(prefix="farm-", suffix=".tsv", dir=TMP)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(_tsv(kind, rows))
+    with temp_tsv(_tsv_backslash_escaped(kind, rows)) as path:
         return cur.execute(f"LOAD DATA LOCAL INFILE %s {LOAD_MODES[mode]} INTO TABLE {q} "
                            f"CHARACTER SET utf8mb4 {COLUMNS[kind]}", (path,))
-    finally:
-        os.unlink(path)
 
 
 def _load_objects(cur, shard: int, table: str, rows: list[tuple], held: set[int]) -> None:

@@ -1,28 +1,19 @@
-"""A deterministic synthetic legacy database (CONTRACTS §6, §7), written with LOAD DATA.
+"""The clean part of the synthetic legacy data set: realistic rows, all of them valid.
 
-``build(users, seed)`` makes the rows in memory from ``random.Random(seed)`` alone, so one
-seed always gives byte-identical tables: ~40 rows per user, power-law boards, pins and
-follows (a few very hot boards), group boards, same-second bursts, sparse IDs with some of
-2**36 and above, unicode edge cases, and a small share of bad rows of every kind.
-``classify`` applies the rule of CONTRACTS §6 to say which rows a faithful migration must
-quarantine and why; ``generate`` recreates the tables and bulk-loads the rows.
+Users signing up over four years (in same-second bursts now and then), power-law boards,
+pins and follows (a few very hot boards), group boards, sparse IDs with some of 2**36 and
+above, and unicode edge cases in every text field. Everything comes from one
+``random.Random``, so one seed always gives the same rows.
 """
 
 from __future__ import annotations
 
-import gc
 import random
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import itemgetter
 
-from loaders.legacy_origin import record_origin
-from loaders.legacy_schema import LEGACY_TABLES
-from loaders.legacy_write import ZERO, write
-from shardfarm.errors import TransientDatabaseError, UnreachableError
-from shardfarm.mysql.dsn import DSN
+from loaders.migration.legacy_schema import LEGACY_TABLES
 
 EPOCH = 1267401600             # 2010-03-01T00:00:00Z
 DAY = 86400
@@ -96,8 +87,9 @@ class LegacyData:
     hot_boards: set[int] = field(default_factory=set)
 
 
-class _Builder:
-    """Builds the clean data set table by table; ``_Corrupter`` then adds the bad rows."""
+
+class CleanBuilder:
+    """Builds the clean data set table by table; ``corrupt.Corrupter`` then adds the bad rows."""
 
     def __init__(self, users: int, seed: int) -> None:
         self.n = users
@@ -251,187 +243,3 @@ class _Builder:
         self._assign_ids(self.t["comments"], 1)
         self._edges("likes", pins, cum, 5.0, 20)
 
-
-class _Corrupter:
-    """Adds a small share of every kind of bad row of CONTRACTS §6 (hot boards stay clean)."""
-
-    def __init__(self, rng: random.Random, data: LegacyData) -> None:
-        self.rng, self.t = rng, data.tables
-        self.ids = {name: {r[0] for r in self.t[name]} for name in ("users", "boards", "pins",
-                                                                    "comments")}
-        self.used: dict[str, set[int]] = {name: set() for name in LEGACY_TABLES}
-        self.hot = data.hot_boards
-        self.hot_owners = {b[1] for b in self.t["boards"] if b[0] in self.hot}
-
-    def run(self) -> None:
-        """Bad fields, orphans at every reference, and a chain of quarantined parents."""
-        self.fields("users", lambda r: r[0] not in self.hot_owners, null_username=0.01)
-        self.fields("boards", lambda r: r[0] not in self.hot)
-        for table, share in (("pins", 0.002), ("comments", 0.004), ("follows", 0.002),
-                             ("likes", 0.002)):
-            self.fields(table, share=share)
-        self.orphans("boards", 1, "users", 0.004, lambda r: r[0] not in self.hot)
-        for table, col, parent, share in (("pins", 1, "users", 0.002),
-                                          ("pins", 2, "boards", 0.002),
-                                          ("comments", 1, "pins", 0.004),
-                                          ("comments", 2, "users", 0.004)):
-            self.orphans(table, col, parent, share)
-        for table, parent in (("follows", "boards"), ("likes", "pins")):
-            self.orphan_edges(table, parent)
-        self.chain()
-
-    def _pick(self, table: str, share: float, ok: Callable[[list], bool]) -> list[list]:
-        """Some rows of ``table`` (at least two) not made bad yet."""
-        rows, used, chosen = self.t[table], self.used[table], []
-        want = max(2, int(len(rows) * share))
-        for _ in range(20 * want if rows else 0):
-            i = self.rng.randrange(len(rows))
-            if i not in used and ok(rows[i]):
-                used.add(i)
-                chosen.append(rows[i])
-                if len(chosen) == want:
-                    break
-        return chosen
-
-    def _missing(self, table: str) -> int:
-        """A fresh ID near a real one of ``table``, never handed out twice (a deleted parent)."""
-        rows, ids, spread = self.t[table], self.ids[table], 3
-        while True:
-            near = rows[self.rng.randrange(len(rows))][0] if rows else 1000
-            cand, spread = near + self.rng.randint(1, spread), spread + 1
-            if cand <= MAX_ID and cand not in ids:
-                ids.add(cand)
-                return cand
-
-    def fields(self, table: str, ok: Callable[[list], bool] = lambda r: True,
-               share: float = 0.004, null_username: float = 0.0) -> None:
-        """NULL and zero ``created_at`` (and, for users, NULL username)."""
-        for row in self._pick(table, share, ok):
-            row[-1] = None
-        for row in self._pick(table, share, ok):
-            row[-1] = ZERO
-        for row in self._pick(table, null_username, ok) if null_username else ():
-            row[1] = None
-
-    def orphans(self, table: str, col: int, parent: str, share: float,
-                ok: Callable[[list], bool] = lambda r: True) -> None:
-        """Point some references at parents that do not exist (one in four NULL)."""
-        for row in self._pick(table, share, ok):
-            row[col] = None if self.rng.random() < 0.25 else self._missing(parent)
-
-    def orphan_edges(self, table: str, parent: str) -> None:
-        """Extra follows/likes by missing users and of missing boards/pins."""
-        rows, users, targets = self.t[table], self.t["users"], self.t[parent]
-        for _ in range(max(2, len(rows) // 500)):
-            user = users[self.rng.randrange(len(users))]
-            if targets:
-                target = targets[self.rng.randrange(len(targets))]
-                rows.append([self._missing("users"), target[0], max(target[-1] or 0, EPOCH)])
-            rows.append([user[0], self._missing(parent), max(user[-1] or 0, EPOCH)])
-
-    def _new(self, table: str, row: list) -> list:
-        """Add ``row`` to ``table`` under a fresh ID; return it."""
-        row[0] = self._missing(table)
-        self.t[table].append(row)
-        return row
-
-    def chain(self) -> None:
-        """A valid user, board and pin next to a NULL-username user, so that every kind
-        of row whose parent is quarantined exists whatever the size (CONTRACTS §6)."""
-        t0 = EPOCH + 100 * DAY
-        good = self._new("users", [0, "🔗chain.good", "Chain@Example.com", "🔗 ok", t0])
-        bad = self._new("users", [0, None, "chain@example.com", "no username", t0])
-        gb = self._new("boards", [0, good[0], "Good board", None, t0 + 1])
-        qb = self._new("boards", [0, bad[0], "Board of a bad owner", None, t0 + 1])
-        gp = self._new("pins", [0, good[0], gb[0], "good pin", None, None, t0 + 2])
-        qp = self._new("pins", [0, good[0], qb[0], "pin on a quarantined board", None, None,
-                                t0 + 2])
-        self._new("pins", [0, bad[0], gb[0], "pinned by a bad user", None, None, t0 + 2])
-        self._new("comments", [0, qp[0], good[0], "on a quarantined pin", t0 + 3])
-        self._new("comments", [0, gp[0], bad[0], "by a bad user", t0 + 3])
-        self.t["follows"] += [[good[0], qb[0], t0 + 3], [bad[0], gb[0], t0 + 3]]
-        self.t["likes"] += [[good[0], qp[0], t0 + 3], [bad[0], gp[0], t0 + 3]]
-
-
-def build(users: int, seed: int = 1) -> LegacyData:
-    """Generate the whole legacy data set for ``users`` users in memory, in key order."""
-    if users < 1:
-        raise ValueError("users must be at least 1")
-    builder = _Builder(users, seed)
-    gc.disable()  # millions of small lists: the cyclic collector would rescan them all
-    try:
-        data = builder.run()
-        _Corrupter(builder.rng, data).run()
-    finally:
-        gc.enable()
-    for name, rows in data.tables.items():
-        rows.sort(key=itemgetter(0, 1) if name in ("follows", "likes") else itemgetter(0))
-    return data
-
-
-_REFS = {"users": (), "boards": ((1, "owner", "users"),),
-         "pins": ((1, "pinner", "users"), (2, "board", "boards")),
-         "comments": ((1, "pin", "pins"), (2, "user", "users")),
-         "follows": ((0, "user", "users"), (1, "board", "boards")),
-         "likes": ((0, "user", "users"), (1, "pin", "pins"))}
-
-
-def classify(data: LegacyData) -> dict[str, dict]:
-    """Rows a faithful migration must quarantine, ``{table: {key: reason}}`` (CONTRACTS §6).
-
-    The key is the ID, or ``(user_id, board_id|pin_id)`` for follows and likes; the reason
-    is the first fault found: own fields, then each reference (missing or quarantined).
-    """
-    every = {name: {r[0] for r in data.tables[name]} for name in ("users", "boards", "pins")}
-    good: dict[str, set] = {}
-    out: dict[str, dict] = {}
-    for name in LEGACY_TABLES:
-        good[name], out[name] = set(), {}
-        for row in data.tables[name]:
-            why = ("null_username" if name == "users" and row[1] is None else
-                   "null_created_at" if row[-1] is None else
-                   "zero_created_at" if row[-1] == ZERO else None)
-            for col, label, parent in _REFS[name]:
-                if why is None and row[col] not in good[parent]:
-                    why = (f"{label}_quarantined" if row[col] in every[parent]
-                           else f"missing_{label}")
-            if why is None:
-                good[name].add(row[0])
-            else:
-                out[name][tuple(row[:2]) if name in ("follows", "likes") else row[0]] = why
-    return out
-
-
-def report(data: LegacyData) -> dict:
-    """Row counts, bad rows by kind, what a migration should load, and follower skew."""
-    bad = classify(data)
-    kinds = Counter(f"{name}.{why}" for name, rows in bad.items() for why in rows.values())
-    rows = {name: len(r) for name, r in data.tables.items()}
-    followers = sorted(Counter(f[1] for f in data.tables["follows"]).values()) or [0]
-    return {"rows": rows, "bad": dict(sorted(kinds.items())),
-            "expected": {"loaded": {n: rows[n] - len(bad[n]) for n in rows},
-                         "quarantined": {n: len(bad[n]) for n in rows}},
-            "followers_per_board": {"max": followers[-1],
-                                    "median": followers[len(followers) // 2]}}
-
-
-def generate(dsn: DSN, users: int, seed: int = 1,
-             progress: Callable[[int], object] | None = None,
-             made_by: str = "farm legacy generate") -> dict:
-    """Fill the legacy database with the data set of ``build(users, seed)``; return ``report``.
-
-    The tables are dropped and recreated first (callers that must not replace someone's
-    data check ``legacy_origin.refuse_to_replace`` before). ``made_by``, users and seed
-    are recorded in the database (``legacy_origin``). ``progress(n)`` is called as rows land.
-    """
-    data = build(users, seed)
-    record_origin(dsn, made_by, users, seed, complete=False)
-    for attempt in range(3):  # write() starts from empty tables, so it may simply run again
-        try:
-            write(dsn, data, progress)
-            break
-        except TransientDatabaseError as exc:  # a connection lost (or killed) mid-load
-            if attempt == 2 or isinstance(exc, UnreachableError):
-                raise
-    record_origin(dsn, made_by, users, seed, complete=True)
-    return {"users": users, "seed": seed, **report(data)}

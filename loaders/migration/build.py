@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from loaders.newids import NewIds, fits
-from loaders.resolve import Resolver, Verdict
-from loaders.spec import SELF, SPEC, LegacyTable
-from loaders.when import iso, unix
+from loaders.migration.newids import NewIds, fits
+from loaders.migration.spec import SELF, SPEC, LegacyTable
+from loaders.migration.verdicts import Resolver, Verdict
+from loaders.migration.when import iso, unix
 from sharding import ids
 from sharding.jsondoc import dumps
 from sharding.modshard import bucket_of, legacy_key

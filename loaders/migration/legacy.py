@@ -11,7 +11,7 @@ import orjson
 import pymysql
 import pymysql.cursors
 
-from loaders.spec import LegacyTable
+from loaders.migration.spec import LegacyTable
 from shardfarm.mysql.connect import refused_infile, translate
 from shardfarm.mysql.db import connect, where
 from shardfarm.mysql.dsn import DSN

@@ -17,17 +17,17 @@ from collections.abc import Iterator
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
-from loaders import writer
-from loaders.build import TargetRows
-from loaders.legacy import cut_ranges
-from loaders.writer import write_shards
+from loaders.migration import writer
+from loaders.migration.build import TargetRows
+from loaders.migration.legacy import cut_ranges
+from loaders.migration.writer import write_shards
 from shardfarm.errors import UsageError
 from sharding import fencing, ids
 from sharding.hotspot import FOLLOWERS, lock_directory, place
 from sharding.router import Router
 from sharding.schema import MAPPING_TABLES, shard_table
 
-HANDLER = "loaders.reverse.reverse_chunk"
+HANDLER = "loaders.mappings.reverse.reverse_chunk"
 REVERSES = {m.name: m.reverse_of for m in MAPPING_TABLES.values() if m.reverse_of}
 DEFAULT_CHUNK_ROWS = 50_000
 

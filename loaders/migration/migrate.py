@@ -14,18 +14,18 @@ from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
-from loaders import claims
-from loaders.build import Builder
-from loaders.legacy import LegacyReader
-from loaders.newids import IdCache, NewIds
-from loaders.resolve import Resolver, Verdict, Verdicts, user_placement
-from loaders.spec import ORDER, SPEC, legacy_key
-from loaders.writer import write_all
+from loaders.migration import claims
+from loaders.migration.build import Builder
+from loaders.migration.legacy import LegacyReader
+from loaders.migration.newids import IdCache, NewIds
+from loaders.migration.spec import ORDER, SPEC, legacy_key
+from loaders.migration.verdicts import Resolver, Verdict, Verdicts, user_placement
+from loaders.migration.writer import write_all
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.settings import Settings
 from sharding.router import Router
 
-HANDLER = "loaders.migrate.load_chunk"
+HANDLER = "loaders.migration.migrate.load_chunk"
 # Every chunk of an object table writes one upsert per mod bucket (4,096 of them) it
 # touches, so rows per chunk set rows per statement: 50k rows put ~12 lookups in each.
 # Measured with 2 workers: 15% faster than 25k; a worker's peak memory 200 MiB (150).
@@ -64,7 +64,7 @@ def _open_shards(router: Router, ledger: Ledger) -> list[int]:
 
 
 @dataclass
-class _ProcessState:
+class ProcessState:
     """What a process keeps across the chunks of one run: never a router (each chunk
     routes with its own, ``ctx.router``)."""
 
@@ -77,14 +77,16 @@ class _ProcessState:
         return NewIds(ctx.router, self.id_cache)
 
 
-_states: dict[tuple, _ProcessState] = {}
+_states: dict[tuple, ProcessState] = {}
 
 
-def _state(ctx: ChunkContext) -> _ProcessState:
+def process_state(ctx: ChunkContext) -> ProcessState:
+    """This process's state for ``ctx``'s run (a new one for another run or legacy DSN;
+    shared by the run's load and verify chunks)."""
     key = (os.getpid(), str(ctx.settings.legacy_dsn), ctx.run_id)
     if key not in _states:
         _states.clear()
-        _states[key] = _ProcessState(LegacyReader(ctx.settings.legacy_dsn), {}, Verdicts())
+        _states[key] = ProcessState(LegacyReader(ctx.settings.legacy_dsn), {}, Verdicts())
     return _states[key]
 
 
@@ -103,7 +105,7 @@ def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int
 
 def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     """Chunk handler: load legacy rows ``lo..hi`` of ``table`` into the shards."""
-    st = _state(ctx)
+    st = process_state(ctx)
     spec = SPEC[table]
     resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
     good = [(r, v) for r, v in judged if v.valid]

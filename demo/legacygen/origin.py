@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pymysql
 
-from loaders.legacy_schema import LEGACY_TABLES
+from loaders.migration.legacy_schema import LEGACY_TABLES
 from shardfarm.errors import FatalError
 from shardfarm.mysql.db import connect, ensure_database
 from shardfarm.mysql.dsn import DSN

@@ -1,4 +1,4 @@
-"""Which legacy rows migrate, and where: the rules of CONTRACTS §6, evaluated from the source.
+"""Which legacy rows migrate, and where: verdicts on legacy rows, evaluated from the source.
 
 A row migrates iff its required fields are present (a ``created_at`` must not be
 NULL or a zero date) and every row it references exists and itself migrates.
@@ -13,9 +13,9 @@ import hashlib
 from collections.abc import Callable
 from typing import NamedTuple
 
-from loaders import when
-from loaders.legacy import LegacyReader
-from loaders.spec import RANDOM, SPEC, LegacyTable
+from loaders.migration import when
+from loaders.migration.legacy import LegacyReader
+from loaders.migration.spec import RANDOM, SPEC, LegacyTable
 
 
 class Verdict(NamedTuple):

@@ -2,13 +2,13 @@
 
 A legacy ID below 2**35 becomes the local ID on the row's shard, so the new ID
 is a pure function of the legacy data. A larger legacy ID (or 0) gets a local ID
-from the shard's AUTO_INCREMENT, which hands out only 2**35 and above (CONTRACTS
-§4, ``sharding.slots``), so the two halves never meet whatever the legacy data
-holds now or later; ``legacy_id_map`` remembers it: whoever needs it first (the
-row's own chunk or a chunk that references it) allocates it, and a race is
-settled by the mod-shard primary key, the loser giving its placeholder back.
-Allocation is batched: one statement per shard table, one round trip per run of
-mod buckets.
+from the shard's AUTO_INCREMENT, which hands out only 2**35 and above (local IDs
+below 2**35 are reserved for legacy IDs, ``sharding.slots``), so the two halves
+never meet whatever the legacy data holds now or later; ``legacy_id_map``
+remembers it: whoever needs it first (the row's own chunk or a chunk that
+references it) allocates it, and a race is settled by the mod-shard primary key,
+the loser giving its placeholder back. Allocation is batched: one statement per
+shard table, one round trip per run of mod buckets.
 
 A ``NewIds`` lives for one chunk and routes with that chunk's router; what it
 learnt (big legacy ID -> new ID, immutable once recorded) is kept in a cache the
@@ -24,7 +24,7 @@ from functools import partial
 
 import orjson
 
-from loaders.spec import LegacyTable
+from loaders.migration.spec import LegacyTable
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
 from sharding.router import Router

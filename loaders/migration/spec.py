@@ -76,7 +76,7 @@ class LegacyTable:
         return next(r for r in self.refs if r.field == field)
 
     def doc_fields(self) -> tuple[str, ...]:
-        """Keys of the object's JSON document, in CONTRACTS §5 order."""
+        """Keys of the object's JSON document: ``legacy_id``, then the fields in spec order."""
         return ("legacy_id", *self.fields)
 
 

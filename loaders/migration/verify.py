@@ -14,15 +14,15 @@ from collections import defaultdict
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import Outcome
-from loaders.build import Builder, TargetRows
-from loaders.migrate import _state, judge_chunk
-from loaders.spec import SELF, SPEC, LegacyTable, legacy_key
+from loaders.migration.build import Builder, TargetRows
+from loaders.migration.migrate import judge_chunk, process_state
+from loaders.migration.spec import SELF, SPEC, LegacyTable, legacy_key
 from sharding import ids
 from sharding.jsondoc import dumps, loads
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
 
-HANDLER = "loaders.verify.verify_chunk"
+HANDLER = "loaders.migration.verify.verify_chunk"
 IN_BATCH = 1000
 UNION_BUCKETS = 200
 Problem = tuple[str, str, str, str]
@@ -181,14 +181,14 @@ def _quarantined_but_present(ctx: ChunkContext, table: LegacyTable, bad: list) -
     if not table.is_object or not bad:
         return []
     keys = [(ids.TYPES[table.type_name], r["id"]) for r, _ in bad]
-    found = _state(ctx).newids(ctx)._lookup(keys)
+    found = process_state(ctx).newids(ctx)._lookup(keys)
     return [(table.name, str(legacy), "legacy_id_map", "quarantined row has a new ID")
             for (_, legacy) in found]
 
 
 def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     """Chunk handler: check legacy rows ``lo..hi`` of ``table`` against the target."""
-    st = _state(ctx)
+    st = process_state(ctx)
     spec = SPEC[table]
     resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
     newids = st.newids(ctx)

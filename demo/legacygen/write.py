@@ -3,7 +3,7 @@
 The generator writes into a database the operator chose to fill with synthetic
 data, so it keeps LOAD DATA's speed on one dedicated connection opened with
 ``infile=True`` for these loads only; every connection that reads the legacy
-database (``loaders.legacy``) is opened without it, so a legacy server can never
+database (``loaders.migration.legacy``) is opened without it, so a legacy server can never
 read a worker's files.
 """
 
@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 
 import pymysql
 
-from loaders.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
+from loaders.migration.legacy_schema import LEGACY_COLUMNS, LEGACY_TABLES, create_legacy_schema
 from shardfarm.errors import DatabaseError
 from shardfarm.mysql.connect import translate
 from shardfarm.mysql.db import connect, where
 from shardfarm.mysql.dsn import DSN
 
 if TYPE_CHECKING:
-    from loaders.generate import LegacyData
+    from demo.legacygen.clean import LegacyData
 
 ZERO = -1                      # created_at sentinel for '0000-00-00 00:00:00'
 LOAD_ROWS = 50_000             # rows per LOAD DATA file
@@ -47,8 +47,10 @@ def _when(t: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))
 
 
-def _tsv(rows: list[list]) -> bytes:
-    """Rows in LOAD DATA's default format: tab-separated, backslash-escaped, \\N for NULL.
+def _tsv_fully_escaped(rows: list[list]) -> bytes:
+    """Rows in LOAD DATA's default format, every special escaped: tab-separated, backslash,
+    tab, newline, carriage return and NUL backslash-escaped, \\N for NULL (the text is
+    arbitrary, unlike the JSON cells of the migration's writer).
 
     Joined with marker characters, encoded, then escaped in bulk on bytes (3x faster
     than escaping cell by cell).
@@ -79,7 +81,7 @@ def write(dsn: DSN, data: LegacyData, progress: Callable[[int], object] | None =
             for i, (table, chunk) in enumerate(_chunks(data)):
                 path = os.path.join(tmp, f"{i % 2}.tsv")  # the other file may be loading
                 with open(path, "wb") as fh:
-                    fh.write(_tsv(chunk))
+                    fh.write(_tsv_fully_escaped(chunk))
                 if pending:
                     pending.result()
                 pending = loader.submit(_load, cur, table, path, len(chunk), progress)

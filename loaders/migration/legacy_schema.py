@@ -1,4 +1,5 @@
-"""The legacy source schema (CONTRACTS §6): six tables, keys enforced, no foreign keys."""
+"""The legacy source schema the migration reads: six tables, keys enforced, no foreign keys
+(so a row may reference one that does not exist), every column but the keys nullable."""
 
 from __future__ import annotations
 

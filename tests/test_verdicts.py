@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from loaders import legacy
-from loaders.generate import generate
-from loaders.resolve import Resolver, Verdicts, user_placement
-from loaders.spec import SPEC
+from demo.legacygen.generate import generate
+from loaders.migration import legacy
+from loaders.migration.spec import SPEC
+from loaders.migration.verdicts import Resolver, Verdicts, user_placement
 from shardfarm.mysql.db import drop_database
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import ns_db

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from loaders.build import TargetRows
+from loaders.migration.build import TargetRows
 from shardfarm.errors import RetryableError
 from sharding.ids import FIRST_ALLOCATED
 from sharding.router import Router
 from sharding.schema import shard_table
+
+if TYPE_CHECKING:
+    from pymysql.cursors import Cursor
 
 IN_BATCH = 1000
 HOLDER = "SELECT local_id, JSON_VALUE(data, '$.legacy_id'), JSON_EXISTS(data, '$.allocating')"
@@ -89,7 +93,7 @@ def survey(router: Router, target: TargetRows) -> Survey:
     return out
 
 
-def confirm_owned(cur, shard: int, q: str, rows: list[tuple]) -> None:
+def confirm_owned(cur: Cursor, shard: int, q: str, rows: list[tuple]) -> None:
     """Inside the write transaction: lock the slots of ``rows`` (``(local, data, legacy)``)
     and raise ``SlotChangedError`` unless each is empty or held by its own row."""
     want = {local: legacy for local, _, legacy in rows}

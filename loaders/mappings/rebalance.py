@@ -38,7 +38,7 @@ from sharding.hotspot import (
 from sharding.router import Router
 from sharding.schema import shard_table
 
-HANDLER = "loaders.rebalance.rebalance_board"
+HANDLER = "loaders.mappings.rebalance.rebalance_board"
 TABLES = (FOLLOWERS,)
 BATCH = 5000
 
