@@ -194,7 +194,8 @@ def test_second_export_of_one_date_is_refused_naming_the_first(env, rt, tmp_path
     finally:
         for rid in rt.ledger.runs(limit=5, active_only=True):
             if rt.ledger.run(rid)["params"].get("dest") == url:
-                rt.ledger._exec("UPDATE chunks SET state = 'failed' WHERE run_id = %s", (rid,))
+                rt.ledger.pool.execute("UPDATE chunks SET state = 'failed' WHERE run_id = %s",
+                                       (rid,))
                 rt.ledger.refresh_status(rid)
 
 
