@@ -76,7 +76,11 @@ def new_run_id(kind: str) -> str:
 
 
 class Ledger:
-    """Runs and chunks in the control database."""
+    """Runs and chunks in the control database (the only writer of ``runs`` and ``chunks``).
+
+    It opens the control database's pool (``pool``), which the other control stores
+    share; the quarantine and mismatch methods below only hand over to their stores.
+    """
 
     def __init__(self, dsn: DSN, pool_size: int = 4) -> None:
         host = Host.from_dsn("control", dsn)

@@ -11,6 +11,11 @@ writing) do not block the worker that took its chunk over. The pool never hands
 out a connection idle that long. PyMySQL errors are translated into the
 ``FarmError`` tree (``shardfarm.mysql.connect``), naming the host, its server and the
 shard but never bind values or passwords.
+
+Every query the farm retries goes through ``retried`` (``Pool.query``, ``execute``,
+``executemany`` and ``run`` on one pool; the router's per-shard work on a host looked
+up again each attempt): one place where a statement or a transaction meets the
+``shardfarm.retry`` policy.
 """
 
 from __future__ import annotations
