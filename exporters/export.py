@@ -152,7 +152,7 @@ def export_chunk(ctx: ChunkContext, table: str, shard: int) -> Outcome:
     p = ctx.params
     date, fmt = p["date"], p["format"]
     dest = open_destination(p["dest"])
-    parts = PartLog(ctx.ledger, dest.url)
+    parts = PartLog(ctx.ledger.pool, dest.url)
     folder, name = folder_of(table, date), part_name(shard, fmt)
     parts.claim(folder, ctx.run_id)  # one run at a time writes a folder
     part = None if p.get("force") else _intact(dest, parts, folder, name)

@@ -6,7 +6,8 @@ bytes and sha256. ``export_claims`` lets one run at a time write a folder
 before it touches anything there, and waits while another active run holds it.
 ``export_locks`` holds short leases as rows (the folder's finalizer), so a lock
 never depends on a connection staying open: the server may drop an idle pooled
-connection (``wait_timeout``) without releasing anything.
+connection (``wait_timeout``) without releasing anything. This module is the only
+one that reads or writes these three tables.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from farmcore.ledger import Ledger
+import pymysql.cursors
+
 from shardfarm.errors import RetryableError
-from shardfarm.retry import TRANSIENT
+from shardfarm.mysql.pool import Pool
 
 ACTIVE = ("running", "paused")  # run statuses that still write
 LOCK_SECONDS = 120  # a finalizer frozen longer than this lets the next one in (same manifest)
@@ -54,42 +56,31 @@ class Part:
 class PartLog:
     """``export_parts``, ``export_claims`` and ``export_locks`` of one destination."""
 
-    def __init__(self, ledger: Ledger, dest_url: str) -> None:
-        self.pool, self.dest = ledger.pool, dest_url
-
-    def _run(self, sql: str, params: tuple) -> list[tuple]:
-        def attempt() -> list[tuple]:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return list(cur.fetchall())
-        return TRANSIENT.call(attempt)
-
-    def _count(self, sql: str, params: tuple) -> int:
-        def attempt() -> int:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                return cur.execute(sql, params)
-        return TRANSIENT.call(attempt)
+    def __init__(self, pool: Pool, dest_url: str) -> None:
+        self.pool, self.dest = pool, dest_url  # the control database's pool
 
     def record(self, folder: str, part: Part, run_id: str) -> None:
         """Remember that ``part`` is in ``folder`` as written (or confirmed) by ``run_id``."""
-        self._run("INSERT INTO export_parts (ref, folder, dest, path, shard, row_count, bytes, "
-                  "sha256, run_id) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
-                  "shard = VALUES(shard), row_count = VALUES(row_count), bytes = VALUES(bytes), "
-                  "sha256 = VALUES(sha256), run_id = VALUES(run_id), written_at = NOW(3)",
-                  (ref(self.dest, folder + part.path), ref(self.dest, folder), self.dest,
-                   folder + part.path, part.shard, part.rows, part.bytes, part.sha256, run_id))
+        self.pool.execute("INSERT INTO export_parts (ref, folder, dest, path, shard, "
+                          "row_count, bytes, sha256, run_id) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                          "ON DUPLICATE KEY UPDATE shard = VALUES(shard), "
+                          "row_count = VALUES(row_count), bytes = VALUES(bytes), "
+                          "sha256 = VALUES(sha256), run_id = VALUES(run_id), written_at = NOW(3)",
+                          (ref(self.dest, folder + part.path), ref(self.dest, folder), self.dest,
+                           folder + part.path, part.shard, part.rows, part.bytes, part.sha256,
+                           run_id))
 
     def get(self, folder: str, name: str) -> Part | None:
         """The recorded part ``name`` of ``folder``, if any."""
-        rows = self._run("SELECT shard, row_count, bytes, sha256 FROM export_parts "
-                         "WHERE ref = %s", (ref(self.dest, folder + name),))
+        rows = self.pool.query("SELECT shard, row_count, bytes, sha256 FROM export_parts "
+                               "WHERE ref = %s", (ref(self.dest, folder + name),))
         return Part(name, rows[0][0], rows[0][1], rows[0][2], rows[0][3]) if rows else None
 
     def of_run(self, folder: str, run_id: str) -> list[Part]:
         """Parts of ``folder`` recorded by ``run_id``, by shard."""
-        rows = self._run("SELECT path, shard, row_count, bytes, sha256 FROM export_parts "
-                         "WHERE folder = %s AND run_id = %s ORDER BY shard",
-                         (ref(self.dest, folder), run_id))
+        rows = self.pool.query("SELECT path, shard, row_count, bytes, sha256 FROM export_parts "
+                               "WHERE folder = %s AND run_id = %s ORDER BY shard",
+                               (ref(self.dest, folder), run_id))
         return [Part(p.rsplit("/", 1)[-1], s, r, b, h) for p, s, r, b, h in rows]
 
     # -- one run per folder -----------------------------------------------------------------
@@ -98,20 +89,17 @@ class PartLog:
         while another run that is still active holds it. Idempotent."""
         key = ref(self.dest, folder)
 
-        def attempt() -> str | None:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                conn.begin()  # an error leaves it open: the pool drops the connection
-                cur.execute("SELECT c.run_id, r.status FROM export_claims c LEFT JOIN runs r "
-                            "ON r.run_id = c.run_id WHERE c.folder = %s FOR UPDATE", (key,))
-                row = cur.fetchone()
-                holder = row[0] if row and row[0] != run_id and row[1] in ACTIVE else None
-                if holder is None and (not row or row[0] != run_id):
-                    cur.execute("INSERT INTO export_claims (folder, run_id) VALUES (%s, %s) "
-                                "ON DUPLICATE KEY UPDATE claimed_at = NOW(3), "
-                                "run_id = VALUES(run_id)", (key, run_id))
-                conn.commit()
-                return holder
-        holder = TRANSIENT.call(attempt)
+        def take(cur: pymysql.cursors.Cursor) -> str | None:
+            cur.execute("SELECT c.run_id, r.status FROM export_claims c LEFT JOIN runs r "
+                        "ON r.run_id = c.run_id WHERE c.folder = %s FOR UPDATE", (key,))
+            row = cur.fetchone()
+            holder = row[0] if row and row[0] != run_id and row[1] in ACTIVE else None
+            if holder is None and (not row or row[0] != run_id):
+                cur.execute("INSERT INTO export_claims (folder, run_id) VALUES (%s, %s) "
+                            "ON DUPLICATE KEY UPDATE claimed_at = NOW(3), "
+                            "run_id = VALUES(run_id)", (key, run_id))
+            return holder
+        holder = self.pool.run(take, transaction=True)
         if holder is not None:
             raise FolderBusyError(f"export {self.dest}/{folder} is being written by run "
                                   f"{holder}; this run waits until it ends")
@@ -126,17 +114,17 @@ class PartLog:
         holder frozen past ``LOCK_SECONDS`` lets the next one in.
         """
         name, token = ref(self.dest, "\0lock\0" + folder), secrets.token_hex(16)
-        self._run("INSERT IGNORE INTO export_locks (name, token, expires) "
-                  "VALUES (%s, '', NOW(3))", (name,))
+        self.pool.execute("INSERT IGNORE INTO export_locks (name, token, expires) "
+                          "VALUES (%s, '', NOW(3))", (name,))
         deadline = time.monotonic() + wait
-        while not self._count("UPDATE export_locks SET token = %s, expires = NOW(3) + INTERVAL "
-                              "%s SECOND WHERE name = %s AND expires <= NOW(3)",
-                              (token, LOCK_SECONDS, name)):
+        while not self.pool.execute("UPDATE export_locks SET token = %s, expires = NOW(3) + "
+                                    "INTERVAL %s SECOND WHERE name = %s AND expires <= NOW(3)",
+                                    (token, LOCK_SECONDS, name)):
             if time.monotonic() >= deadline:
                 raise RetryableError(f"export folder {folder} is being finalized elsewhere")
             time.sleep(0.05)
         try:
             yield
         finally:
-            self._run("UPDATE export_locks SET token = '', expires = NOW(3) - INTERVAL 1 SECOND "
-                      "WHERE name = %s AND token = %s", (name, token))
+            self.pool.execute("UPDATE export_locks SET token = '', expires = NOW(3) - INTERVAL "
+                              "1 SECOND WHERE name = %s AND token = %s", (name, token))

@@ -1,4 +1,5 @@
-"""Tables of the control database: runs, the chunk ledger and the quarantine.
+"""Tables of the control database: runs, the chunk ledger, the quarantine, verify findings,
+export parts and claims, and cron state (each written by one module: see ``farmcore``).
 
 Progress lives here, in MySQL, not only in Redis: a Redis that lost everything
 loses no work, and ``farm resume`` re-enqueues what is not done.

@@ -15,10 +15,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import pymysql.cursors
+
+from farmcore.mismatches import Mismatches, Problem
+from farmcore.quarantine import BadRow, Quarantine
 from shardfarm.errors import FatalError, FencedError
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.mysql.pool import Pool
-from shardfarm.retry import TRANSIENT
+from shardfarm.retry import NO_RETRY
 from sharding.fencing import FenceToken
 
 
@@ -72,62 +76,41 @@ def new_run_id(kind: str) -> str:
 
 
 class Ledger:
-    """Runs and chunks in the control database."""
+    """Runs and chunks in the control database (the only writer of ``runs`` and ``chunks``).
+
+    It opens the control database's pool (``pool``), which the other control stores
+    share; the quarantine and mismatch methods below only hand over to their stores.
+    """
 
     def __init__(self, dsn: DSN, pool_size: int = 4) -> None:
         host = Host.from_dsn("control", dsn)
         self.pool = Pool(host, size=pool_size, database=dsn.database)
+        self.quarantines = Quarantine(self.pool)
+        self.mismatch_log = Mismatches(self.pool)
 
     def close(self) -> None:
         """Close pooled connections."""
         self.pool.close()
-
-    def _exec(self, sql: str, params: tuple | list = ()) -> int:
-        """One autocommit statement, retried on transient errors (callers make it idempotent)."""
-        def attempt() -> int:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                return cur.execute(sql, params)
-        return TRANSIENT.call(attempt)
-
-    def _many(self, sql: str, rows: list[tuple]) -> None:
-        """An idempotent ``executemany``, retried on transient errors."""
-        if not rows:
-            return
-
-        def attempt() -> None:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                cur.executemany(sql, rows)
-        TRANSIENT.call(attempt)
-
-    def _rows(self, sql: str, params: tuple | list = ()) -> list[tuple]:
-        def attempt() -> list[tuple]:
-            with self.pool.connection() as conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return list(cur.fetchall())
-        return TRANSIENT.call(attempt)
 
     # -- runs ---------------------------------------------------------------------------
     def create_run(self, kind: str, queue: str, params: dict, chunks: Iterable[ChunkSpec],
                    run_id: str | None = None, batch: int = 2000) -> str:
         """Create a run and all its chunks (``pending``) in one transaction."""
         run_id = run_id or new_run_id(kind)
-        with self.pool.connection() as conn:
-            conn.begin()
-            try:
-                with conn.cursor() as cur:
-                    cur.execute("INSERT INTO runs (run_id, kind, queue, params) "
-                                "VALUES (%s,%s,%s,%s)", (run_id, kind, queue, json.dumps(params)))
-                    total = self._insert_chunks(cur, run_id, chunks, batch)
-                    cur.execute("UPDATE runs SET total_chunks = %s WHERE run_id = %s",
-                                (total, run_id))
-                conn.commit()
-            except BaseException:
-                conn.rollback()
-                raise
+
+        def write(cur: pymysql.cursors.Cursor) -> None:
+            cur.execute("INSERT INTO runs (run_id, kind, queue, params) VALUES (%s,%s,%s,%s)",
+                        (run_id, kind, queue, json.dumps(params)))
+            total = self._insert_chunks(cur, run_id, chunks, batch)
+            cur.execute("UPDATE runs SET total_chunks = %s WHERE run_id = %s", (total, run_id))
+        # not retried: ``chunks`` may be a one-pass iterator, and a lost commit reply would
+        # turn a retry into "run exists" (error 1062, which cron reads as "created already")
+        self.pool.run(write, transaction=True, policy=NO_RETRY)
         return run_id
 
     @staticmethod
-    def _insert_chunks(cur, run_id: str, chunks: Iterable[ChunkSpec], batch: int) -> int:
+    def _insert_chunks(cur: pymysql.cursors.Cursor, run_id: str, chunks: Iterable[ChunkSpec],
+                       batch: int) -> int:
         rows, n = [], 0
         for spec in chunks:
             rows.append((run_id, n, spec.kind, json.dumps(spec.args)))
@@ -143,8 +126,8 @@ class Ledger:
 
     def run(self, run_id: str) -> dict:
         """One run's row as a dict; ``FatalError`` if there is no such run."""
-        rows = self._rows("SELECT run_id, kind, status, queue, params, paused, total_chunks, "
-                          "created_at, finished_at FROM runs WHERE run_id = %s", (run_id,))
+        rows = self.pool.query("SELECT run_id, kind, status, queue, params, paused, total_chunks, "
+                               "created_at, finished_at FROM runs WHERE run_id = %s", (run_id,))
         if not rows:
             raise FatalError(f"no run {run_id!r} (see 'farm status' for the runs there are)")
         keys = ("run_id", "kind", "status", "queue", "params", "paused", "total_chunks",
@@ -160,29 +143,30 @@ class Ledger:
         not done (failed runs included)."""
         where = ("WHERE status IN ('running', 'paused')" if active_only else
                  "WHERE status <> 'done'" if unfinished else "")
-        return [r[0] for r in self._rows(
+        return [r[0] for r in self.pool.query(
             f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s", (limit,))]
 
     def set_paused(self, run_id: str, paused: bool) -> None:
         """Pause or unpause a run: workers take no new chunks of a paused run."""
         self.run(run_id)
-        self._exec("UPDATE runs SET paused = %s WHERE run_id = %s", (int(paused), run_id))
+        self.pool.execute("UPDATE runs SET paused = %s WHERE run_id = %s", (int(paused), run_id))
 
     def refresh_status(self, run_id: str) -> str:
         """Recompute a run's status from its chunks (``running``, ``done`` or ``failed``)."""
-        (pending, failed), = self._rows(
+        (pending, failed), = self.pool.query(
             "SELECT COALESCE(SUM(state IN ('pending', 'running')), 0), "
             "COALESCE(SUM(state = 'failed'), 0) FROM chunks WHERE run_id = %s", (run_id,))
         status = "running" if pending else ("failed" if failed else "done")
-        self._exec("UPDATE runs SET status = %s, finished_at = IF(%s = 'running', NULL, "
-                   "COALESCE(finished_at, NOW(3))) WHERE run_id = %s", (status, status, run_id))
+        self.pool.execute("UPDATE runs SET status = %s, finished_at = IF(%s = 'running', "
+                          "NULL, COALESCE(finished_at, NOW(3))) WHERE run_id = %s",
+                          (status, status, run_id))
         return status
 
     # -- chunks -------------------------------------------------------------------------
     def claim(self, run_id: str, chunk_id: int, owner: str,
               lease_seconds: float = 60) -> Lease | ClaimRefused:
         """Lease a pending (or expired) chunk to ``owner``, bumping its fence."""
-        self._exec(
+        self.pool.execute(
             "UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
             "SET c.state = 'running', c.attempts = c.attempts + 1, c.fence = c.fence + 1, "
             "c.lease_owner = %s, c.lease_expires = NOW(3) + INTERVAL %s MICROSECOND, "
@@ -191,7 +175,7 @@ class Ledger:
             "AND (c.not_before IS NULL OR c.not_before <= NOW(3)) "
             "AND (c.state = 'pending' OR (c.state = 'running' AND c.lease_expires < NOW(3)))",
             (owner, int(lease_seconds * 1e6), run_id, chunk_id))
-        rows = self._rows(
+        rows = self.pool.query(
             "SELECT c.kind, c.args, c.fence, c.attempts, c.state, c.lease_owner, r.paused, "
             "c.not_before > NOW(3) FROM chunks c JOIN runs r ON r.run_id = c.run_id "
             "WHERE c.run_id = %s AND c.chunk_id = %s", (run_id, chunk_id))
@@ -213,13 +197,13 @@ class Ledger:
         If the statement matched nothing but the chunk already shows this fence in the
         target state, an earlier attempt committed and only its reply was lost.
         """
-        n = self._exec(sql + " WHERE run_id = %s AND chunk_id = %s AND fence = %s "
-                       "AND state = 'running'", (*params, lease.run_id, lease.chunk_id,
+        n = self.pool.execute(sql + " WHERE run_id = %s AND chunk_id = %s AND fence = %s "
+                              "AND state = 'running'", (*params, lease.run_id, lease.chunk_id,
                                                  lease.fence))
         if n == 1:
             return
-        row = self._rows("SELECT fence, state FROM chunks WHERE run_id = %s AND chunk_id = %s",
-                         (lease.run_id, lease.chunk_id))
+        row = self.pool.query("SELECT fence, state FROM chunks WHERE run_id = %s AND chunk_id = %s",
+                              (lease.run_id, lease.chunk_id))
         if not (row and row[0][0] == lease.fence and row[0][1] in then):
             raise FencedError(f"chunk {lease.chunk_id} of run {lease.run_id}: lease "
                               f"{lease.fence} of {lease.owner} is no longer current")
@@ -255,21 +239,21 @@ class Ledger:
         """Chunk IDs not done (pending, running; failed too if asked)."""
         states = ("pending", "running", "failed") if include_failed else ("pending", "running")
         marks = ",".join(["%s"] * len(states))
-        return [r[0] for r in self._rows(
+        return [r[0] for r in self.pool.query(
             f"SELECT chunk_id FROM chunks WHERE run_id = %s AND state IN ({marks}) "
             "ORDER BY chunk_id", (run_id, *states))]
 
     def expire_leases(self) -> int:
         """Give every chunk whose lease expired (its worker died) back as ``pending``, noting
         why, paused runs included; returns how many. The zombie, if any, is fenced out."""
-        return self._exec("UPDATE chunks SET state = 'pending', lease_owner = NULL, "
-                          "lease_expires = NULL, last_error = 'lease expired: its worker was "
-                          "lost' WHERE state = 'running' AND lease_expires < NOW(3)")
+        return self.pool.execute("UPDATE chunks SET state = 'pending', lease_owner = NULL, "
+                                 "lease_expires = NULL, last_error = 'lease expired: its worker "
+                                 "was lost' WHERE state = 'running' AND lease_expires < NOW(3)")
 
     def dispatchable(self, limit: int = 10_000) -> dict[str, list[int]]:
         """Pending chunks of every running, unpaused run: ``run_id -> chunk IDs``."""
         out: dict[str, list[int]] = {}
-        for run_id, chunk_id in self._rows(
+        for run_id, chunk_id in self.pool.query(
                 "SELECT c.run_id, c.chunk_id FROM chunks c JOIN runs r ON r.run_id = c.run_id "
                 "WHERE r.status = 'running' AND r.paused = 0 AND c.state = 'pending' "
                 "ORDER BY c.run_id, c.chunk_id LIMIT %s", (limit,)):
@@ -278,19 +262,20 @@ class Ledger:
 
     def reset_failed(self, run_id: str) -> int:
         """Failed chunks back to pending with a fresh attempt budget; returns how many."""
-        n = self._exec("UPDATE chunks SET state = 'pending', attempts = 0, not_before = NULL "
-                       "WHERE run_id = %s AND state = 'failed'", (run_id,))
+        n = self.pool.execute("UPDATE chunks SET state = 'pending', attempts = 0, "
+                              "not_before = NULL WHERE run_id = %s AND state = 'failed'",
+                              (run_id,))
         if n:
-            self._exec("UPDATE runs SET status = 'running', finished_at = NULL "
-                       "WHERE run_id = %s", (run_id,))
+            self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL "
+                              "WHERE run_id = %s", (run_id,))
         return n
 
     def chunk(self, run_id: str, chunk_id: int) -> dict:
         """One chunk's row as a dict (for tests and ``farm failed``)."""
         cols = ("state", "attempts", "fence", "lease_owner", "rows_read", "rows_written",
                 "rows_quarantined", "last_error", "kind", "args")
-        rows = self._rows(f"SELECT {', '.join(cols)} FROM chunks WHERE run_id = %s "
-                          "AND chunk_id = %s", (run_id, chunk_id))
+        rows = self.pool.query(f"SELECT {', '.join(cols)} FROM chunks WHERE run_id = %s "
+                               "AND chunk_id = %s", (run_id, chunk_id))
         if not rows:
             raise FatalError(f"no chunk {chunk_id} in run {run_id!r}")
         return dict(zip(cols, rows[0], strict=True))
@@ -301,7 +286,7 @@ class Ledger:
         cols = ("kind", "total", "done", "failed", "running", "pending", "rows_read",
                 "rows_written", "rows_quarantined", "busy_seconds", "first_start",
                 "last_finish", "now")
-        rows = self._rows(
+        rows = self.pool.query(
             "SELECT kind, COUNT(*), SUM(state = 'done'), SUM(state = 'failed'), "
             "SUM(state = 'running'), SUM(state = 'pending'), SUM(rows_read), SUM(rows_written), "
             "SUM(rows_quarantined), SUM(seconds), MIN(started_at), MAX(finished_at), NOW(3) "
@@ -318,61 +303,40 @@ class Ledger:
         """Failed chunks (newest runs first) with their reasons."""
         where, params = ("AND run_id = %s", [run_id]) if run_id else ("", [])
         cols = ("run_id", "chunk_id", "kind", "attempts", "last_error", "args")
-        rows = self._rows(f"SELECT {', '.join(cols)} FROM chunks WHERE state = 'failed' {where} "
-                          "ORDER BY run_id DESC, chunk_id LIMIT %s", [*params, limit])
+        rows = self.pool.query(f"SELECT {', '.join(cols)} FROM chunks WHERE state = 'failed' "
+                               f"{where} ORDER BY run_id DESC, chunk_id LIMIT %s",
+                               [*params, limit])
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
-    # -- quarantine ---------------------------------------------------------------------
-    def quarantine(self, lease: Lease, rows: list[tuple[str, str, str, str | None]]) -> None:
-        """Record bad legacy rows ``(table, key, reason, detail)`` of a chunk (idempotent)."""
-        params = [(lease.run_id, t, k, reason, (detail or "")[:500], lease.chunk_id)
-                  for t, k, reason, detail in rows]
-        for i in range(0, len(params), 1000):
-            self._many("INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, "
-                       "detail, chunk_id) VALUES (%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
-                       "reason = VALUES(reason), detail = VALUES(detail)", params[i:i + 1000])
+    # -- stores of their own, reached through the ledger by chunk handlers and the CLI -------
+    def quarantine(self, lease: Lease, rows: list[BadRow]) -> None:
+        """Record bad legacy rows of a chunk (``Quarantine.record``)."""
+        self.quarantines.record(lease, rows)
 
     def quarantined(self, run_id: str, limit: int | None = None) -> list[dict]:
-        """Quarantined rows of a run: table, legacy key, reason, detail."""
-        cols = ("legacy_table", "legacy_key", "reason", "detail")
-        sql = (f"SELECT {', '.join(cols)} FROM quarantine WHERE run_id = %s "
-               "ORDER BY legacy_table, legacy_key")
-        rows = self._rows(sql + (" LIMIT %s" if limit else ""),
-                          (run_id, limit) if limit else (run_id,))
-        return [dict(zip(cols, r, strict=True)) for r in rows]
+        """Quarantined rows of a run (``Quarantine.rows``)."""
+        return self.quarantines.rows(run_id, limit)
 
     def quarantine_reasons(self, run_id: str) -> list[tuple[str, str, int]]:
-        """``(table, reason, count)`` of a run's quarantine."""
-        return [(t, r, int(n)) for t, r, n in self._rows(
-            "SELECT legacy_table, reason, COUNT(*) FROM quarantine WHERE run_id = %s "
-            "GROUP BY legacy_table, reason ORDER BY legacy_table, COUNT(*) DESC", (run_id,))]
+        """``(table, reason, count)`` of a run's quarantine (``Quarantine.reasons``)."""
+        return self.quarantines.reasons(run_id)
 
-    def latest_run(self, kind: str) -> str | None:
-        """The newest run of ``kind``, if any."""
-        rows = self._rows("SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC "
-                          "LIMIT 1", (kind,))
-        return rows[0][0] if rows else None
-
-    # -- verify -------------------------------------------------------------------------
-    def record_mismatches(self, lease: Lease, rows: list[tuple[str, str, str, str]]) -> None:
-        """Replace this chunk's mismatches ``(legacy_table, legacy_key, target, problem)``."""
-        self._exec("DELETE FROM verify_mismatches WHERE run_id = %s AND chunk_id = %s",
-                   (lease.run_id, lease.chunk_id))
-        self._many("INSERT IGNORE INTO verify_mismatches (run_id, chunk_id, legacy_table, "
-                   "legacy_key, target, problem) VALUES (%s,%s,%s,%s,%s,%s)",
-                   [(lease.run_id, lease.chunk_id, t, k, tgt, p[:300]) for t, k, tgt, p in rows])
+    def record_mismatches(self, lease: Lease, rows: list[Problem]) -> None:
+        """Replace this chunk's verify mismatches (``Mismatches.record``)."""
+        self.mismatch_log.record(lease, rows)
 
     def mismatches(self, run_id: str, limit: int = 100) -> tuple[int, list[dict]]:
         """How many mismatches a verify run found, and the first ``limit``."""
-        (n,), = self._rows("SELECT COUNT(*) FROM verify_mismatches WHERE run_id = %s",
-                           (run_id,))
-        cols = ("legacy_table", "legacy_key", "target", "problem")
-        rows = self._rows(f"SELECT {', '.join(cols)} FROM verify_mismatches WHERE run_id = %s "
-                          "ORDER BY legacy_table, legacy_key LIMIT %s", (run_id, limit))
-        return int(n), [dict(zip(cols, r, strict=True)) for r in rows]
+        return self.mismatch_log.of_run(run_id, limit)
+
+    def latest_run(self, kind: str) -> str | None:
+        """The newest run of ``kind``, if any."""
+        rows = self.pool.query("SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC "
+                               "LIMIT 1", (kind,))
+        return rows[0][0] if rows else None
 
     def chunk_counts(self, run_id: str) -> list[dict]:
         """The ``counts`` JSON of every done chunk of a run."""
-        return [json.loads(r[0]) for r in self._rows(
+        return [json.loads(r[0]) for r in self.pool.query(
             "SELECT counts FROM chunks WHERE run_id = %s AND state = 'done' AND counts IS NOT NULL",
             (run_id,))]

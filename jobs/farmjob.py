@@ -33,6 +33,9 @@ def job_refusal(job: Job, policy: JobPolicy) -> str | None:
                 f"{ENTRY_POINT}: enqueue functions with 'farm enqueue' or jobs.enqueue_many")
     if instance is not None or args:
         return "a farm job takes keyword arguments only, and no instance"
+    # rq's public accessors of callbacks (``success_callback``…) import them; only these
+    # private names read what a job names without importing it, and rq has no public
+    # list of dependency IDs (``dependency`` fetches the job). Tested with rq 3.0.
     names = (job._success_callback_name, job._failure_callback_name, job._stopped_callback_name)
     if any(names) or job.webhooks or job._dependency_ids:
         return "names a callback, webhook or dependency (farm jobs have none)"

@@ -3,13 +3,18 @@
 The function is checked against the workers' policy before it is imported; a
 refused or unimportable function fails every item with the reason (``farm
 failed``), where ``farm retry-failed`` finds them. Per item: transient errors
-are retried in place (tenacity policy); an item still failing transiently is
-deferred with backoff as its own job; a ``FatalError`` fails the item at once
-with its reason. The rest of the batch still runs. Progress is checkpointed in
-batches (``jobs.accounting.advance``) so a re-run after a crash skips finished
-items (at-least-once, never per-row bookkeeping). A job timeout is rq's to
-handle: the job is retried from its last checkpoint, and settled into ``farm
-failed`` when rq gives up.
+are retried in place (``shardfarm.retry.TRANSIENT``); an item still failing is
+deferred as its own job after ``shardfarm.retry.backoff``, its attempts counted in
+the item record (``[id, kwargs, attempts]``) up to ``MAX_ITEM_ATTEMPTS``; a
+``FatalError`` fails the item at once with its reason. The rest of the batch still
+runs. Progress is checkpointed in batches (``jobs.accounting.advance``) so a re-run
+after a crash skips finished items (at-least-once, never per-row bookkeeping).
+
+A job that ends without running its items to the end (its worker died, its time
+ran out) is not an item's failure: no item code runs then to count it. rq delivers
+such a job again from its last checkpoint (``jobs.queue.envelope``: the batch's
+delivery budget, ``farm enqueue --retries``), and it is settled into ``farm
+failed`` when that budget is spent.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from rq.timeouts import JobTimeoutException
 from farmcore import keys
 from jobs import accounting, runtime
 from shardfarm.errors import FatalError, RetryableError
-from shardfarm.retry import TRANSIENT
+from shardfarm.retry import TRANSIENT, backoff
 
 MAX_ITEM_ATTEMPTS = 5
+ITEM_BACKOFF, ITEM_BACKOFF_CAP = 5.0, 600.0  # seconds: first deferral, longest deferral
 CHECKPOINT_EVERY = 50
 CHECKPOINT_SECONDS = 1.0
 
@@ -76,7 +82,8 @@ def _run_one(fn: Callable, function: str, item: list, conn: redis.Redis, queue: 
             return _fail(conn, queue, function, item, attempts, exc, job_id)
         from jobs.queue import enqueue_later
         enqueue_later(conn, queue, function, [[item[0], kwargs, attempts]],
-                      delay=min(600, 5 * 2 ** (attempts - 1)), holder=job_id)
+                      delay=backoff(attempts - 1, ITEM_BACKOFF, ITEM_BACKOFF_CAP),
+                      holder=job_id)
         return "deferred"
 
 

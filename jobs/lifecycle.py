@@ -2,8 +2,9 @@
 
 The ledger makes delivery idempotent: a done chunk is skipped, a chunk leased
 to a live worker is skipped, a chunk whose lease expired is taken over with a
-higher fence. Retryable failures go back to ``pending`` with exponential
-backoff and are re-dispatched; fatal ones (bad input, bad config) fail at once.
+higher fence. A failed attempt goes back to ``pending`` after ``shardfarm.retry.backoff``
+and is re-dispatched, until the ledger has counted ``FARM_CHUNK_ATTEMPTS`` attempts;
+fatal ones (bad input, bad config) fail at once.
 An attempt that runs out of its job's time (rq's ``JobTimeoutException``, or the
 handler's own check past the deadline) ends the same clean way, and the next
 attempt gets twice the time. A chunk routes with one shard map from start to end.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -28,16 +28,13 @@ from jobs import throttle
 from jobs.dispatch import dispatch_later
 from jobs.runtime import Runtime
 from shardfarm.errors import ChunkTimeoutError, FatalError, FencedError
+from shardfarm.retry import backoff
 
 log = logging.getLogger(__name__)
 LEASE_SECONDS = float(os.environ.get("FARM_LEASE_SECONDS", "60"))
 MAX_ATTEMPTS = int(os.environ.get("FARM_CHUNK_ATTEMPTS", "5"))
+CHUNK_BACKOFF, CHUNK_BACKOFF_CAP = 2.0, 300.0  # seconds: first wait, longest wait
 OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
-
-
-def backoff(attempts: int, base: float = 2.0, cap: float = 300.0) -> float:
-    """Exponential backoff with full jitter for the ``attempts``-th failure."""
-    return random.uniform(base, min(cap, base * 2 ** attempts))
 
 
 class Renewer:
@@ -144,7 +141,7 @@ def _run(rt: Runtime, run: dict, ctx: ChunkContext, timeouts: int) -> str:
 def _failed(rt: Runtime, run: dict, lease: Lease, exc: BaseException, timeouts: int) -> str:
     timed_out = isinstance(exc, JobTimeoutException | ChunkTimeoutError)
     fatal = isinstance(exc, FatalError) or lease.attempts >= MAX_ATTEMPTS
-    retry_in = None if fatal else backoff(lease.attempts)
+    retry_in = None if fatal else backoff(lease.attempts, CHUNK_BACKOFF, CHUNK_BACKOFF_CAP)
     reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
     level = logging.ERROR if fatal else logging.WARNING
     log.log(level, "chunk %s of %s attempt %s failed: %s", lease.chunk_id, lease.run_id,

@@ -27,9 +27,11 @@ from jobs import accounting
 from jobs.farmjob import FarmJob
 from jobs.policy import ENTRY_POINT, JobPolicy
 from shardfarm.errors import FatalError
+from shardfarm.retry import backoff_ceiling
 
-RETRY_INTERVALS = (5, 30, 120)
-JOB_RETRIES = len(RETRY_INTERVALS)
+JOB_RETRIES = 3  # deliveries of a batch job after its worker died or its time ran out
+# rq takes fixed intervals: the ceilings of the farm's one backoff formula (5, 10, 20 s)
+RETRY_INTERVALS = tuple(int(backoff_ceiling(n, 5.0, 600.0)) for n in range(JOB_RETRIES))
 FAILURE_TTL = 7 * 24 * 3600
 JOB_TIMEOUT = 3600
 JOBS_PER_ROUND_TRIP = 50
@@ -71,8 +73,13 @@ def rq_queue(conn: redis.Redis, name: str) -> Queue:
 
 def envelope(function: str, items: list[list], timeout: int = JOB_TIMEOUT,
              retries: int = JOB_RETRIES) -> dict:
-    """``Queue.prepare_data`` keyword arguments of one rq job carrying ``items``: rq runs it
-    at most ``retries`` more times after a crash or a timeout, then it is settled."""
+    """``Queue.prepare_data`` keyword arguments of one rq job carrying ``items``.
+
+    rq's ``Retry`` is the job's delivery budget, not an attempt count of its items
+    (those live in the item records, ``jobs.items``): rq delivers the job again, from
+    its checkpoint, at most ``retries`` more times after its worker died or its time
+    ran out (no farm code runs then to do it), and then it is settled.
+    """
     retry = Retry(max=retries, interval=list(RETRY_INTERVALS[:retries])) if retries else None
     return {"kwargs": {"function": function, "items": items},
             "description": f"{function} x{len(items)}",

@@ -1,4 +1,10 @@
-"""Retry policies as small composable objects (tenacity underneath).
+"""The farm's one retry story: a tenacity policy for transient errors, one backoff formula.
+
+Transient errors (``RetryableError``: a dropped connection, a deadlock, a lock wait)
+are retried in place by ``RetryPolicy`` (``TRANSIENT``), the only tenacity policy of
+the farm. Work that still fails is tried again later by its own record, which
+counts the attempts: a chunk by the ledger (``jobs.lifecycle``), an item by its
+item record (``jobs.items``). Every wait, in place or later, comes from ``backoff``.
 
 An unreachable server (``UnreachableError``: refused, timed out, no handshake) is
 retried only while the whole call stays within FARM_CONNECT_TIMEOUT, so a command
@@ -9,6 +15,7 @@ worker's chunk is dispatched again later through the ledger.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,7 +27,6 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
-    wait_random_exponential,
 )
 
 from shardfarm.errors import RetryableError, UnreachableError
@@ -32,7 +38,8 @@ log = logging.getLogger("shardfarm.retry")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Retry ``RetryableError`` with exponential backoff and full jitter, bounded twice over."""
+    """Retry ``RetryableError`` with ``backoff`` (``base`` up to ``max_wait`` seconds), bounded
+    by ``attempts`` and by ``max_seconds``."""
 
     attempts: int = 6
     max_seconds: float = 60.0
@@ -47,7 +54,7 @@ class RetryPolicy:
             retry=retry_if_exception_type(RetryableError),
             stop=(stop_after_attempt(self.attempts) | stop_after_delay(self.max_seconds)
                   | _unreachable_past(budget)),
-            wait=wait_random_exponential(multiplier=self.base, max=self.max_wait),
+            wait=lambda state: backoff(state.attempt_number - 1, self.base, self.max_wait),
             # INFO: a retry that works is routine, and one that does not ends in one error
             # line of its own (a command's stderr is not a log of every attempt)
             before_sleep=before_sleep_log(log, logging.INFO),
@@ -57,6 +64,24 @@ class RetryPolicy:
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` under this policy."""
         return self.retrying()(fn)
+
+
+def backoff_ceiling(attempts: int, base: float, cap: float) -> float:
+    """The longest wait after ``attempts`` earlier failures: ``base * 2**attempts``, at most
+    ``cap``."""
+    return min(cap, base * 2 ** max(0, attempts))
+
+
+def backoff(attempts: int, base: float = 2.0, cap: float = 300.0) -> float:
+    """How long to wait after ``attempts`` earlier failures: exponential with full jitter,
+    a random time between ``base`` and ``backoff_ceiling`` (so retries spread out).
+
+    The farm's one backoff formula: statements retried in place (``RetryPolicy``),
+    chunks going back to ``pending``, deferred items, and rq's retry intervals of a
+    batch job whose worker died (their ceilings: rq takes fixed intervals).
+    """
+    ceiling = backoff_ceiling(attempts, base, cap)
+    return random.uniform(min(base, ceiling), ceiling)
 
 
 def _unreachable_past(budget: float) -> Callable[[RetryCallState], bool]:

@@ -7,7 +7,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
+import pymysql.cursors
+
 from shardfarm.mysql.dsn import Host
+from shardfarm.mysql.pool import retried
 from sharding.router import Router
 from sharding.schema import mod_ddl, shard_ddl
 from sharding.slots import raise_counters
@@ -50,13 +53,12 @@ def _interleave(work: list[Work]) -> list[Work]:
 def _run_ddl(router: Router, host: Host, statements: list[str], shard: int | None) -> None:
     """Create one database's tables; on a shard, lift object tables' AUTO_INCREMENT that
     is still below 2**35 (tables made before the local ID space was split)."""
-    def attempt() -> None:
-        with router.connection(host) as conn, conn.cursor() as cur:
-            for sql in statements:
-                cur.execute(sql)
-            if shard is not None:
-                raise_counters(cur, shard)
-    router.policy.call(attempt)
+    def work(cur: pymysql.cursors.Cursor) -> None:
+        for sql in statements:
+            cur.execute(sql)
+        if shard is not None:
+            raise_counters(cur, shard)
+    retried(lambda: router.connection(host), work, policy=router.policy)
 
 
 def init_databases(router: Router, threads_per_server: int = 4,

@@ -22,7 +22,7 @@ import pymysql
 import pymysql.cursors
 
 from shardfarm.mysql.dsn import Host
-from shardfarm.mysql.pool import Pool
+from shardfarm.mysql.pool import Pool, retried
 from shardfarm.retry import TRANSIENT, RetryPolicy
 from sharding.mapsource import FixedSource, ShardMapSource
 from sharding.shardmap import ShardMap
@@ -96,10 +96,8 @@ class Router:
     def run_on(self, host: Host, fn: Callable[[pymysql.cursors.Cursor], T],
                shard: int | None = None, policy: RetryPolicy | None = None) -> T:
         """Run ``fn(cursor)`` in one transaction on ``host``, retried as a whole."""
-        def attempt() -> T:
-            with self.transaction(host, shard) as cur:
-                return fn(cur)
-        return (policy or self.policy).call(attempt)
+        return retried(lambda: self.connection(host, shard), fn, transaction=True,
+                       policy=policy or self.policy)
 
     def run(self, shard: int, fn: Callable[[pymysql.cursors.Cursor], T],
             role: Role = "master", policy: RetryPolicy | None = None, *,
@@ -110,28 +108,23 @@ class Router:
         shard map that changed in between (a promoted slave, a moved shard).
         ``infile=True`` for a ``fn`` that runs ``LOAD DATA LOCAL INFILE``.
         """
-        def attempt() -> T:
-            with self.transaction(self.host_for(shard, role), shard, infile=infile) as cur:
-                return fn(cur)
-        return (policy or self.policy).call(attempt)
+        return retried(lambda: self.connection(self.host_for(shard, role), shard, infile=infile),
+                       fn, transaction=True, policy=policy or self.policy)
 
     def run_mod(self, bucket: int, fn: Callable[[pymysql.cursors.Cursor], T],
                 policy: RetryPolicy | None = None, *, multi: bool = False) -> T:
         """Run ``fn(cursor)`` in one transaction on a mod bucket's master; ``multi=True``
         for a ``fn`` that sends several statements in one ``execute``."""
-        def attempt() -> T:
-            with self.transaction(self.shardmap.mod_master(bucket), multi=multi) as cur:
-                return fn(cur)
-        return (policy or self.policy).call(attempt)
+        return retried(lambda: self.connection(self.shardmap.mod_master(bucket), multi=multi),
+                       fn, transaction=True, policy=policy or self.policy)
 
     def query(self, host: Host, sql: str, params: tuple | list = (), shard: int | None = None,
               policy: RetryPolicy | None = None) -> list[tuple]:
         """A read in autocommit (no explicit transaction), retried on transient errors."""
-        def attempt() -> list[tuple]:
-            with self.connection(host, shard) as conn, conn.cursor() as cur:
-                cur.execute(sql, params)
-                return list(cur.fetchall())
-        return (policy or self.policy).call(attempt)
+        def read(cur: pymysql.cursors.Cursor) -> list[tuple]:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+        return retried(lambda: self.connection(host, shard), read, policy=policy or self.policy)
 
     def servers(self, role: Role = "master") -> dict[tuple, Host]:
         """One host per distinct physical server used by the map in ``role``."""

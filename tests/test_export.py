@@ -453,7 +453,7 @@ def test_finalizers_under_the_folder_lock_write_once(ledger, tmp_path):
     """Chunks completing a table at the same moment: the named lock makes the later ones find
     the manifest and _SUCCESS written, so nothing is withdrawn or written twice."""
     dest = Recording(tmp_path)
-    log_ = exporter.PartLog(ledger, dest.url)
+    log_ = exporter.PartLog(ledger.pool, dest.url)
     parts = [exporter.Part(f"part-{s:05d}.jsonl.gz", s, 1, 1, "ef" * 32) for s in range(4)]
     doc = exporter.manifest_doc("likes", DATE, "jsonl", parts)
     gate = threading.Barrier(4)
@@ -468,6 +468,6 @@ def test_finalizers_under_the_folder_lock_write_once(ledger, tmp_path):
     for t in threads:
         t.join()
     assert dest.writes == ["_manifest.json", "_SUCCESS"]
-    other = exporter.PartLog(ledger, dest.url)
+    other = exporter.PartLog(ledger.pool, dest.url)
     with log_.lock("likes/dt=x/"), pytest.raises(RetryableError), other.lock("likes/dt=x/", 0):
         pass

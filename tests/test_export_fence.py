@@ -166,7 +166,7 @@ def test_two_runs_of_one_date_never_write_a_folder_at_once(ledger, router, tmp_p
     with pytest.raises(FolderBusyError, match=runs_[0]):
         exporter.export_chunk(ctx[1], "users", shards[0])  # the second waits for it
     folder = f"users/dt={DATE}/"
-    log_ = PartLog(ledger, dest.url)
+    log_ = PartLog(ledger.pool, dest.url)
     assert [p.shard for p in log_.of_run(folder, runs_[0])] == shards[:1]
     assert log_.of_run(folder, runs_[1]) == []
     for r, c in zip(runs_, ctx, strict=True):  # end both (the second's chunk failed)
@@ -194,7 +194,8 @@ def test_second_export_of_one_date_is_refused_naming_the_first(env, rt, tmp_path
     finally:
         for rid in rt.ledger.runs(limit=5, active_only=True):
             if rt.ledger.run(rid)["params"].get("dest") == url:
-                rt.ledger._exec("UPDATE chunks SET state = 'failed' WHERE run_id = %s", (rid,))
+                rt.ledger.pool.execute("UPDATE chunks SET state = 'failed' WHERE run_id = %s",
+                                       (rid,))
                 rt.ledger.refresh_status(rid)
 
 
@@ -221,7 +222,7 @@ def test_finalize_lock_survives_its_connections_being_dropped(settings, ledger, 
     a, b = Ledger(settings.control_dsn), Ledger(settings.control_dsn)
     try:
         url = f"file://{tmp_path}"
-        holder, other = PartLog(a, url), PartLog(b, url)
+        holder, other = PartLog(a.pool, url), PartLog(b.pool, url)
         with holder.lock("users/dt=x/"):
             spare = [c.thread_id() for c, _ in ledger.pool._idle]
             assert _kill_control_connections(settings, spare) >= 1

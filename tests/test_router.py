@@ -113,7 +113,8 @@ def test_frozen_transaction_is_rolled_back_so_the_heir_gets_its_locks(router, mo
     import time
 
     from shardfarm.errors import TransientDatabaseError
-    from sharding import fencing, pool
+    from shardfarm.mysql import pool
+    from sharding import fencing
     monkeypatch.setattr(pool, "IDLE_TIMEOUT", 3)
     shard, host = SHARDS_A[0], router.host_for(SHARDS_A[0])
     frozen, heir = pool.Pool(host, size=1), pool.Pool(host, size=1)

@@ -28,18 +28,17 @@ from croniter import croniter
 
 from exporters import export as exporter
 from farmcore import keys
+from farmcore.cronstate import EPOCH, CronState
 from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
 from shardfarm.errors import ConfigError, DatabaseError, UsageError
-from shardfarm.retry import TRANSIENT
 
 log = logging.getLogger(__name__)
 DEFAULT_AT = "0 3 * * *"
 TICK_SECONDS = 5.0
 LEASE_SECONDS = 15.0
 CATCH_UP = 7
-EPOCH = dt.datetime(1970, 1, 1)
 _RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
           "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
@@ -109,24 +108,14 @@ class Scheduler:
         self.rt.redis.eval(_RELEASE, 1, self.key, self.owner)
 
     # -- durable state ------------------------------------------------------------------
-    def _sql(self, sql: str, params: tuple) -> tuple[int, list[tuple]]:
-        def attempt() -> tuple[int, list[tuple]]:
-            with self.rt.ledger.pool.connection() as conn, conn.cursor() as cur:
-                n = cur.execute(sql, params)
-                return n, list(cur.fetchall())
-        return TRANSIENT.call(attempt)
+    @property
+    def state(self) -> CronState:
+        """The durable record of fired slots (on the ledger's control database pool)."""
+        return CronState(self.rt.ledger.pool)
 
     def last_slot(self) -> dt.datetime | None:
         """The last slot fired, or ``None`` before the first."""
-        _, rows = self._sql("SELECT last_slot FROM cron_state WHERE name = %s", (self.name,))
-        return None if not rows or rows[0][0] <= EPOCH else rows[0][0]
-
-    def _advance(self, slot: dt.datetime, run_id: str) -> bool:
-        self._sql("INSERT IGNORE INTO cron_state (name, last_slot) VALUES (%s, %s)",
-                  (self.name, EPOCH))
-        n, _ = self._sql("UPDATE cron_state SET last_slot = %s, run_id = %s "
-                         "WHERE name = %s AND last_slot < %s", (slot, run_id, self.name, slot))
-        return n == 1
+        return self.state.last_slot(self.name)
 
     # -- firing -------------------------------------------------------------------------
     def due(self) -> list[dt.datetime]:
@@ -157,7 +146,7 @@ class Scheduler:
             # created, but its creator died before recording the slot: it may never have
             # been queued. (A rival that fired it records the slot right after queueing.)
             resume(self.rt, run_id)
-        self._advance(slot, run_id)
+        self.state.advance(self.name, slot, run_id)
         log.warning("cron %s: slot %s -> export of %s (%s, run %s)", self.name, slot, date,
                     "started" if created else "already started", run_id)
         return {"cron": self.name, "slot": slot.isoformat() + "Z", "date": date,

@@ -5,7 +5,8 @@ always through ``FarmJob``, so another application's jobs in the same Redis
 are never moved, and no callback a job names is ever imported.
 
 - rq's own registry cleanup: jobs of dead workers (their heartbeat stopped) are
-  retried (every farm job carries an rq ``Retry``) or moved to failed.
+  delivered again (every farm job carries an rq ``Retry``: its delivery budget,
+  ``jobs.queue.envelope``) or moved to failed.
 - rq's scheduler step: delayed retries and throttled chunks whose time came
   are moved back onto their queues.
 - settling: jobs that failed for good are recorded in ``farm failed``.
@@ -40,7 +41,13 @@ _said: dict[str, tuple[str, float]] = {}
 
 
 def promote_scheduled(conn: redis.Redis, queue: Queue) -> int:
-    """Move due jobs of ``queue``'s scheduled registry back onto the queue; returns how many."""
+    """Move due jobs of ``queue``'s scheduled registry back onto the queue; returns how many.
+
+    rq's own scheduler does the same, but as a separate process with its own locks and
+    rq's base ``Job`` class; here it is one housekeeping step through the farm's job
+    class, with rq's public ``Queue.enqueue_job`` (farm jobs never have dependencies,
+    so it enqueues at once, inside the one pipeline).
+    """
     registry = queue.scheduled_job_registry
     ids = registry.get_jobs_to_schedule()
     if not ids:
@@ -49,7 +56,7 @@ def promote_scheduled(conn: redis.Redis, queue: Queue) -> int:
     with conn.pipeline() as pipe:
         for job_id, job in zip(ids, jobs, strict=True):
             if job is not None:
-                queue._enqueue_job(job, pipeline=pipe, at_front=job.should_enqueue_at_front())
+                queue.enqueue_job(job, pipeline=pipe, at_front=job.should_enqueue_at_front())
             registry.remove(job_id, pipeline=pipe)
         pipe.execute()
     return len(ids)

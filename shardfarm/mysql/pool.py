@@ -11,6 +11,11 @@ writing) do not block the worker that took its chunk over. The pool never hands
 out a connection idle that long. PyMySQL errors are translated into the
 ``FarmError`` tree (``shardfarm.mysql.connect``), naming the host, its server and the
 shard but never bind values or passwords.
+
+Every query the farm retries goes through ``retried`` (``Pool.query``, ``execute``,
+``executemany`` and ``run`` on one pool; the router's per-shard work on a host looked
+up again each attempt): one place where a statement or a transaction meets the
+``shardfarm.retry`` policy.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
+from typing import TypeVar
 
 import pymysql
+import pymysql.cursors
 from pymysql.constants import SERVER_STATUS
 
 from shardfarm.mysql.connect import (  # noqa: F401 - translate and the codes are used from here
@@ -34,7 +41,9 @@ from shardfarm.mysql.connect import (  # noqa: F401 - translate and the codes ar
     translate,
 )
 from shardfarm.mysql.dsn import Host
+from shardfarm.retry import TRANSIENT, RetryPolicy
 
+T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 30  # seconds; a session's idle limit on the server (see the module docstring)
@@ -117,12 +126,63 @@ class Pool:
             _close_quietly(c)
         return None
 
+    def run(self, work: Callable[[pymysql.cursors.Cursor], T], *, transaction: bool = False,
+            policy: RetryPolicy | None = None) -> T:
+        """``work(cursor)`` on a pooled connection, retried as a whole (see ``retried``)."""
+        return retried(self.connection, work, transaction=transaction, policy=policy)
+
+    def query(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        """The rows of one read, retried on transient errors."""
+        def work(cur: pymysql.cursors.Cursor) -> list[tuple]:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+        return self.run(work)
+
+    def execute(self, sql: str, params: tuple | list = ()) -> int:
+        """One autocommit statement, retried on transient errors; returns the rows it matched.
+        The caller makes it idempotent (it may have committed before a lost reply)."""
+        return self.run(lambda cur: cur.execute(sql, params))
+
+    def executemany(self, sql: str, rows: list[tuple] | list[list]) -> None:
+        """An idempotent ``executemany`` in autocommit, retried on transient errors."""
+        if rows:
+            self.run(lambda cur: cur.executemany(sql, rows))
+
     def close(self) -> None:
         """Close every idle connection."""
         with self._lock:
             idle, self._idle = self._idle, []
         for conn, _ in idle:
             _close_quietly(conn)
+
+
+def retried(open_conn: Callable[[], AbstractContextManager[pymysql.Connection]],
+            work: Callable[[pymysql.cursors.Cursor], T], *, transaction: bool = False,
+            policy: RetryPolicy | None = None, cursor: type = pymysql.cursors.Cursor) -> T:
+    """Run ``work(cursor)`` on a connection from ``open_conn()``, retried as a whole.
+
+    The one retried-query helper of the farm: each attempt takes a fresh connection
+    (a broken one is never reused), transient errors are retried under ``policy``
+    (``TRANSIENT`` by default, ``NO_RETRY`` for a statement that must not run twice).
+    With ``transaction`` the work runs in one explicit transaction, committed on
+    success and rolled back on any error; otherwise each statement autocommits.
+    """
+    def attempt() -> T:
+        with open_conn() as conn:
+            if not transaction:
+                with conn.cursor(cursor) as cur:
+                    return work(cur)
+            conn.begin()
+            try:
+                with conn.cursor(cursor) as cur:
+                    out = work(cur)
+                conn.commit()
+                return out
+            except BaseException:
+                with suppress(pymysql.MySQLError):
+                    conn.rollback()
+                raise
+    return (policy or TRANSIENT).call(attempt)
 
 
 def _lost(exc: BaseException) -> bool:

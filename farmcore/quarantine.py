@@ -1,0 +1,50 @@
+"""The quarantine: legacy rows a migration could not move, with the reason, per run.
+
+This module is the only one that reads or writes the ``quarantine`` table. A chunk
+records its bad rows idempotently (a retried chunk overwrites its own rows), so the
+table holds each legacy row at most once per run.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shardfarm.mysql.pool import Pool
+
+if TYPE_CHECKING:  # the ledger wires these stores in: no import at run time
+    from farmcore.ledger import Lease
+
+BATCH = 1000  # rows per INSERT
+BadRow = tuple[str, str, str, str | None]  # (legacy table, legacy key, reason, detail)
+
+
+class Quarantine:
+    """The ``quarantine`` table of the control database."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    def record(self, lease: Lease, rows: list[BadRow]) -> None:
+        """Record bad legacy rows ``(table, key, reason, detail)`` of a chunk (idempotent)."""
+        params = [(lease.run_id, t, k, reason, (detail or "")[:500], lease.chunk_id)
+                  for t, k, reason, detail in rows]
+        for i in range(0, len(params), BATCH):
+            self.pool.executemany(
+                "INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, detail, "
+                "chunk_id) VALUES (%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
+                "reason = VALUES(reason), detail = VALUES(detail)", params[i:i + BATCH])
+
+    def rows(self, run_id: str, limit: int | None = None) -> list[dict]:
+        """Quarantined rows of a run: table, legacy key, reason, detail."""
+        cols = ("legacy_table", "legacy_key", "reason", "detail")
+        sql = (f"SELECT {', '.join(cols)} FROM quarantine WHERE run_id = %s "
+               "ORDER BY legacy_table, legacy_key")
+        found = self.pool.query(sql + (" LIMIT %s" if limit else ""),
+                                (run_id, limit) if limit else (run_id,))
+        return [dict(zip(cols, r, strict=True)) for r in found]
+
+    def reasons(self, run_id: str) -> list[tuple[str, str, int]]:
+        """``(table, reason, count)`` of a run's quarantine, most frequent first per table."""
+        return [(t, r, int(n)) for t, r, n in self.pool.query(
+            "SELECT legacy_table, reason, COUNT(*) FROM quarantine WHERE run_id = %s "
+            "GROUP BY legacy_table, reason ORDER BY legacy_table, COUNT(*) DESC", (run_id,))]
