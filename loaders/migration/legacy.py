@@ -15,7 +15,7 @@ from loaders.migration.spec import LegacyTable
 from shardfarm.mysql.connect import refused_infile, translate
 from shardfarm.mysql.db import connect, where
 from shardfarm.mysql.dsn import DSN
-from shardfarm.retry import TRANSIENT
+from shardfarm.mysql.pool import retried
 
 SIGNED_LIMIT = 1 << 63
 IN_BATCH = 1000
@@ -36,24 +36,28 @@ class LegacyReader:
                 cur.execute("SET SESSION group_concat_max_len = @@max_allowed_packet")
         return self._conn
 
+    @contextlib.contextmanager
+    def _session(self) -> Iterator[pymysql.Connection]:
+        """The reader's connection; dropped (and the error named) when a statement fails."""
+        try:
+            yield self._connection()
+        except pymysql.MySQLError as exc:
+            self.close()
+            raise translate(exc, where(self.dsn)) from None
+        except RuntimeError as exc:
+            self.close()
+            if refused_infile(exc):  # a server asking for a local file: refused
+                raise translate(exc, where(self.dsn)) from None
+            raise
+
     def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
-        """Run a read, reconnecting and retrying on transient errors (TRANSIENT policy)."""
+        """Run a read, reconnecting and retrying on transient errors (the one retry policy)."""
         params = tuple(params)
 
-        def attempt() -> list[tuple]:
-            try:
-                with self._connection().cursor() as cur:
-                    cur.execute(sql, params)
-                    return list(cur.fetchall())
-            except pymysql.MySQLError as exc:
-                self.close()
-                raise translate(exc, where(self.dsn)) from None
-            except RuntimeError as exc:
-                self.close()
-                if refused_infile(exc):  # a server asking for a local file: refused
-                    raise translate(exc, where(self.dsn)) from None
-                raise
-        return TRANSIENT.call(attempt)
+        def read(cur: pymysql.cursors.Cursor) -> list[tuple]:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
+        return retried(self._session, read)
 
     def close(self) -> None:
         """Drop the connection."""
