@@ -7,14 +7,13 @@ import threading
 
 import click
 
-from exporters import dump
 from exporters import export as exporter
-from jobs import runs
 from scripts.app import App
-from scripts.cmd_migrate import preflight, warn_without_workers
-from scripts.cmd_runs import finish
+from scripts.follow import finish
 from scripts.options import emit, farm_options
+from scripts.render import note
 from workers import cron as scheduler
+from workers import launch
 
 
 def _tables(text: str | None) -> list[str]:
@@ -50,14 +49,8 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
     and then _SUCCESS are written. Running it again for the same date skips
     intact parts (unless --force).
     """
-    exporter.check_date(date)  # usage mistakes first, before any server is asked
-    dump.check_tables(_tables(tables))
-    preflight(app)
-    params, chunks = exporter.plan(app.router, date, dest or app.settings.export_url,
-                                   _tables(tables), fmt, role, force)
-    exporter.refuse_overlap(app.runtime.ledger, params)
-    warn_without_workers(app)
-    run_id = runs.start(app.runtime, "export", exporter.HANDLER, chunks, params)
+    run_id = launch.export(app.runtime, date, dest, _tables(tables), fmt, role, force,
+                           notice=note)
     finish(app, run_id, wait)
 
 
@@ -83,18 +76,10 @@ def cron(app: App, at: str, once: bool, name: str, dest: str | None, tables: str
     while none ran are caught up on start (up to 7, oldest first). Prints one
     JSON line per export started.
     """
-    scheduler.check_expression(at)
-    dump.check_tables(_tables(tables))
-    preflight(app)
     export_args = {"dest": dest, "tables": _tables(tables), "from": role, "format": fmt}
-    s = scheduler.Scheduler(app.runtime, name=name, at=at, export_args=export_args)
+    s = launch.cron_scheduler(app.runtime, name, at, export_args)
     if once:
-        try:
-            leader = s.lead()
-            fired = [s.fire(slot) for slot in s.due()] if leader else []
-        finally:
-            s.resign()
-        emit({"cron": name, "leader": leader, "fired": fired})
+        emit(s.once())
         return
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from jobs import runs
 from loaders import feeds as feeder
 from scripts.app import App
-from scripts.cmd_migrate import preflight, warn_without_workers
-from scripts.cmd_runs import finish
+from scripts.follow import finish
 from scripts.options import farm_options
+from scripts.render import note
 from sharding import ids
+from workers import launch
 
 
 def parse_users(text: str | None) -> list[int] | None:
@@ -41,11 +41,7 @@ def rebuild(app: App, users: str | None, length: int, chunk_size: int, wait: boo
     Each feed is swapped in atomically. Prints {"run_id", "status", "loaded":
     {"feeds": users with a feed}, ...} as the last line (at once without --wait).
     """
-    user_ids = parse_users(users)
-    preflight(app)
-    warn_without_workers(app)
-    params, chunks = feeder.plan(app.router, chunk_size, length, user_ids)
-    run_id = runs.start(app.runtime, feeder.KIND, feeder.HANDLER, chunks, params)
+    run_id = launch.feeds(app.runtime, parse_users(users), chunk_size, length, notice=note)
     finish(app, run_id, wait)
 
 

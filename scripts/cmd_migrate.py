@@ -6,32 +6,13 @@ import sys
 
 import click
 
-from farmcore import control_schema
-from jobs import runs
 from loaders.migration import migrate as migration
-from loaders.migration import verify as verifier
 from scripts.app import App
-from scripts.cmd_runs import finish
+from scripts.follow import finish, wait_with_progress
 from scripts.options import emit, farm_options
-from scripts.render import RunProgress
+from scripts.render import note
 from shardfarm.errors import ConfigError
-from shardfarm.mysql.db import ensure_database
-
-
-def preflight(app: App) -> None:
-    """Refuse to start when the control database or the shard databases are missing."""
-    ensure_database(app.settings.control_dsn)
-    control_schema.ensure(app.settings.control_dsn)
-    m = app.router.shardmap
-    for r in m.shard_ranges:
-        for shard in {r.lo, r.hi}:
-            host = m.master(shard)
-            with app.router.connection(host, shard) as conn, conn.cursor() as cur:
-                cur.execute("SELECT COUNT(*) FROM information_schema.tables "
-                            "WHERE table_schema = %s", (f"db{shard:05d}",))
-                if not cur.fetchone()[0]:
-                    raise ConfigError(f"shard {shard} has no tables on {host.name}: "
-                                      "run 'farm shards init' first")
+from workers import launch
 
 
 @click.command("migrate")
@@ -45,11 +26,7 @@ def migrate(app: App, chunk_size: int, wait: bool) -> None:
     Prints {"run_id", "status", "loaded", "quarantined", "failed_chunks"} as the
     last line (at once without --wait). Workers ('farm workers') do the loading.
     """
-    preflight(app)
-    warn_without_workers(app)
-    rt = app.runtime
-    params, chunks = migration.plan(app.settings, app.router, rt.ledger, chunk_size)
-    run_id = runs.start(rt, "migrate", migration.HANDLER, chunks, params)
+    run_id = launch.migrate(app.runtime, chunk_size, notice=note)
     finish(app, run_id, wait)
 
 
@@ -63,40 +40,14 @@ def verify(app: App, run_id: str | None) -> None:
     key, then the JSON summary as the last line.
     """
     rt = app.runtime
-    run_id = run_id or rt.ledger.latest_run("migrate")
-    if not run_id:
-        raise ConfigError("no migrate run to verify: run 'farm migrate' first")
-    of = rt.ledger.run(run_id)
-    if of["kind"] != "migrate":
-        raise ConfigError(f"{run_id} is a {of['kind']} run, not a migrate run")
-    preflight(app)
-    warn_without_workers(app)
-    p = of["params"]
-    _, chunks = migration.plan(app.settings, app.router, rt.ledger, p["chunk_rows"])
-    params = {k: p[k] for k in ("open_shards", "kinds", "chunk_rows")}
-    vid = runs.start(rt, "verify", verifier.HANDLER, chunks, {**params, "of_run": run_id})
-    bar = RunProgress(vid)
-    try:
-        status = runs.wait(rt, vid, on_tick=bar)
-    finally:
-        bar.close()
-    n, examples = rt.ledger.mismatches(vid, limit=50)
-    for m in examples:
+    vid, of_run = launch.verify(rt, run_id, notice=note)
+    outcome = launch.verify_outcome(rt, vid, of_run, wait_with_progress(rt, vid))
+    for m in outcome.examples:
         click.echo(f"mismatch {m['legacy_table']} {m['legacy_key']} {m['target']}: "
                    f"{m['problem']}")
-    summary = runs.summary(rt, vid)
-    emit({"run_id": vid, "of_run": run_id, "status": status, "checked": summary["loaded"],
-          "mismatches": n, "failed_chunks": summary["failed_chunks"]})
-    if status != "done" or n:
+    emit(outcome.summary)
+    if not outcome.ok:
         sys.exit(1)
-
-
-def warn_without_workers(app: App) -> None:
-    """One line on stderr when no worker is alive to run the chunks."""
-    from rq import Worker
-    if not Worker.count(connection=app.runtime.redis):
-        click.echo("farm: note: no workers are running; start some with 'farm workers'",
-                   err=True)
 
 
 @click.command("quarantine")

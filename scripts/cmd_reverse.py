@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import click
 
-from jobs import runs
-from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
 from scripts.app import App
-from scripts.cmd_migrate import preflight, warn_without_workers
-from scripts.cmd_runs import finish
+from scripts.follow import finish
 from scripts.options import emit, farm_options
+from scripts.render import note
 from sharding import hotspot, ids
+from workers import launch
 
 
 @click.command("reverse")
@@ -27,10 +26,7 @@ def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool) -> N
     user_follows_boards, pin_liked_by_users <- user_likes_pins. Hot boards'
     followers go where the hotspot directory says.
     """
-    preflight(app)
-    warn_without_workers(app)
-    params, chunks = reverser.plan(app.router, list(tables), chunk_size)
-    run_id = runs.start(app.runtime, "reverse", reverser.HANDLER, chunks, params)
+    run_id = launch.reverse(app.runtime, list(tables), chunk_size, notice=note)
     finish(app, run_id, wait)
 
 
@@ -48,10 +44,7 @@ def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool) -> 
     Each hot board goes planned -> copying -> active -> cleaned; a run that dies
     at any step is completed by running the command again.
     """
-    preflight(app)
-    warn_without_workers(app)
-    params, chunks = rebalancer.plan(app.router, table, threshold, spread)
-    run_id = runs.start(app.runtime, "rebalance", rebalancer.HANDLER, chunks, params)
+    run_id = launch.rebalance(app.runtime, table, threshold, spread, notice=note)
     finish(app, run_id, wait)
 
 

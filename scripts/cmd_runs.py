@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import click
 
-from jobs import runs, settle, status
+from jobs import recovery, runs, status
 from scripts.app import App
+from scripts.follow import finish
 from scripts.options import emit, farm_options
-from scripts.render import RunProgress, echo_lines, status_lines
-
-
-def finish(app: App, run_id: str, wait: bool) -> None:
-    """Print the run's JSON summary (after showing progress until it ends, with ``wait``).
-
-    With ``wait`` the exit code is 0 only if every chunk finished.
-    """
-    rt = app.runtime
-    if wait:
-        bar = RunProgress(run_id)
-        try:
-            runs.wait(rt, run_id, on_tick=bar)
-        finally:
-            bar.close()
-    doc = runs.summary(rt, run_id)
-    emit(doc)
-    if wait and doc["status"] != "done":
-        sys.exit(1)
+from scripts.render import echo_lines, status_lines
 
 
 @click.command("status")
@@ -105,16 +87,10 @@ def failed(app: App, run_id: str | None, as_json: bool) -> None:
 def retry_failed(app: App, run_id: str | None) -> None:
     """Re-enqueue failed chunks with a fresh attempt budget, and every unfinished chunk that
     has no job (and failed enqueued items)."""
-    rt = app.runtime
-    chunks = runs.retry_failed(rt, run_id)
-    items, kept = 0, []
-    if not run_id:
-        for queue in status.queue_names(rt):
-            n, why = settle.retry_failed(rt.redis, queue, rt.policy)
-            items, kept = items + n, kept + why
-    for line in kept:
+    retried = recovery.retry_failed(app.runtime, run_id)
+    for line in retried.not_retried:
         click.echo(f"farm: not retried: {line}", err=True)
-    emit({"chunks": chunks, "items": items, "not_retried": len(kept)})
+    emit(retried.as_dict())
 
 
 def register(cli: click.Group) -> None:

@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
-from tqdm import tqdm
 
+from farmcore.provision import provision
 from scripts.app import App
 from scripts.options import emit, farm_options
-from shardfarm.mysql.db import ensure_database
-from sharding.provision import cache_advice, init_databases
+from scripts.render import database_bar, note
 
 
 @click.group("shards")
 def shards_group() -> None:
     """Create and inspect the shard databases of the shard map."""
-
-
-def init_all(app: App, quiet: bool = False, tune: bool = False) -> dict:
-    """Create the control database and every shard and mod bucket database; return a report."""
-    ensure_database(app.settings.control_dsn)
-    from farmcore import control_schema
-    control_schema.ensure(app.settings.control_dsn)
-    m = app.source.current()
-    total = m.shard_count() + m.buckets
-    with tqdm(total=total, unit="db", desc="shards init", disable=quiet or not sys.stderr.isatty(),
-              leave=False) as bar:
-        rep = init_databases(app.router, progress=bar.update)
-    for line in cache_advice(app.router, tune):
-        click.echo(f"farm: note: {line}", err=True)
-    return {"shards": rep.shards, "mod_buckets": rep.buckets, "servers": rep.servers,
-            "seconds": round(rep.seconds, 2)}
 
 
 @shards_group.command("init")
@@ -43,7 +24,10 @@ def init(app: App, tune: bool) -> None:
 
     Safe to run again: existing databases and tables are left as they are.
     """
-    emit(init_all(app, tune=tune))
+    done = provision(app.settings, app.router, tune=tune, progress=database_bar)
+    for line in done.advice:
+        note(line)
+    emit(done.as_dict())
 
 
 @shards_group.command("show")

@@ -6,11 +6,10 @@ import socket
 
 import click
 
-from farmcore import keys
 from jobs.policy import JobPolicy
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, emit, farm_options
-from workers.supervisor import Supervisor
+from workers.supervisor import Supervisor, write_desired
 
 
 @click.command("workers")
@@ -45,11 +44,7 @@ def scale(app: App, count: int | None, host: str | None, clear: bool) -> None:
     """Set the desired worker count per supervisor; they converge within seconds."""
     if (count is None) == (not clear):
         raise click.UsageError("give either COUNT or --clear")
-    conn = app.settings.redis()
-    if clear:
-        conn.delete(keys.desired_workers(host))
-    else:
-        conn.set(keys.desired_workers(host), count)
+    write_desired(app.settings.redis(), None if clear else count, host)
     emit({"desired": count, "host": host or "*", "from": socket.gethostname()})
 
 

@@ -1,4 +1,5 @@
-"""The options every ``farm`` command shares, from one decorator (CONTRACTS §2)."""
+"""The options every ``farm`` command shares, from one decorator: each flag, when given,
+overrides its ``FARM_*`` environment variable."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ ALLOW_MODULE = click.option(
 def farm_options(fn: Callable) -> Callable:
     """Add the shared connection options and pass a ready ``App`` as the first argument."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: object, **kwargs: object) -> object:
+        """Build the ``App`` from the shared options, run the command, release the ``App``."""
         overrides = {env: kwargs.pop(flag[2:].replace("-", "_")) for flag, env, _ in SHARED}
         app = App(Settings.from_env(**overrides))
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import click
 from tqdm import tqdm
@@ -75,3 +77,16 @@ def echo_lines(lines: list[str]) -> None:
     """Print lines to stdout."""
     for line in lines:
         click.echo(line)
+
+
+def note(line: str) -> None:
+    """``farm: note: <line>`` on stderr."""
+    click.echo(f"farm: note: {line}", err=True)
+
+
+@contextmanager
+def database_bar(total: int) -> Iterator[Callable[[int], object]]:
+    """A bar of databases created (only on a terminal); yields its ``update``."""
+    with tqdm(total=total, unit="db", desc="shards init", disable=not sys.stderr.isatty(),
+              leave=False) as bar:
+        yield bar.update

@@ -18,7 +18,8 @@ SYSTEM = {"mysql", "information_schema", "performance_schema", "sys"}
 
 
 def _id(shard: int, type_: int, local: int) -> int:
-    """A 64-bit ID by hand (shard << 46 | type << 36 | local), not with the codec under test."""
+    """A 64-bit ID built by hand (shard, type and local ID in one integer), not with the codec
+    under test."""
     return (shard << 46) | (type_ << 36) | local
 
 
@@ -233,9 +234,10 @@ def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
 def test_verify_mismatches_count_as_a_failure_with_their_first_rows(ledger, settings):
     """A verify run that found mismatches fails the demo: its report names the run, the first
     mismatches and the command that shows them all (a real control database)."""
+    from demo.phases import verify_result
+    from demo.report import failure_lines
     from farmcore.ledger import ChunkSpec, Outcome
     from jobs.runtime import Runtime
-    from scripts.demo_report import failure_lines, verify_result
     vid = ledger.create_run("verify", "farm", {"of_run": "migrate-x"}, [ChunkSpec("users", {})])
     lease = ledger.claim(vid, 0, "test")
     ledger.record_mismatches(lease, [("users", str(k), "1", f"username differs {k}")

@@ -158,6 +158,15 @@ class Scheduler:
             return []
         return [self.fire(slot) for slot in self.due()]
 
+    def once(self) -> dict:
+        """One ``tick``, then give the lease up: ``{"cron", "leader", "fired"}``."""
+        try:
+            leader = self.lead()
+            fired = self.tick() if leader else []
+        finally:
+            self.resign()
+        return {"cron": self.name, "leader": leader, "fired": fired}
+
     def run(self, stop: threading.Event, on_fire: Callable[[dict], None] | None = None,
             every: float = TICK_SECONDS) -> None:
         """Tick every ``every`` seconds until ``stop`` is set; errors are logged, not fatal."""

@@ -44,6 +44,15 @@ def read_desired(conn: redis.Redis, host: str) -> int | None:
     return None
 
 
+def write_desired(conn: redis.Redis, count: int | None, host: str | None = None) -> None:
+    """Set the desired worker count of ``host`` (``None``: every host); ``count`` ``None``
+    removes it, and supervisors keep the count they have."""
+    if count is None:
+        conn.delete(keys.desired_workers(host))
+    else:
+        conn.set(keys.desired_workers(host), count)
+
+
 @dataclass
 class Supervisor:
     """Keeps ``desired`` worker processes alive on this host."""

@@ -1,19 +1,20 @@
-"""The parts of ``farm demo``'s report: what it made, and what failed."""
+"""``farm demo``'s report: what it made, read back from the shards and the exports, and
+what failed with the commands that show the rest."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from demo.phases import Phases, RunResult
 from exporters import export as exporter
 from exporters.destinations import FileDestination, open_destination
 from exporters.dump import EXPORT_TABLES
-from jobs import runs
 from jobs.runtime import Runtime
-from scripts.app import App
+from loaders.mappings.reverse import REVERSES
 from shardfarm.errors import FarmError
 from sharding import hotspot, ids
+from sharding.hotspot import FOLLOWERS
 from sharding.mappings import MappingStore
 from sharding.objects import ObjectStore
 from sharding.schema import shard_db
@@ -32,26 +33,26 @@ def quarantine_lines(rt: Runtime, run_id: str) -> list[str]:
     return [f"  {t + '.' + r:<32}{n:>7,}" for t, r, n in rt.ledger.quarantine_reasons(run_id)]
 
 
-def _biggest_board(app: App) -> int | None:
+def _biggest_board(rt: Runtime) -> int | None:
     best = (0, None)
-    for shard in app.router.shardmap.shards():
+    for shard in rt.router.shardmap.shards():
         q = f"`{shard_db(shard)}`.`board_has_pins`"
-        rows = app.router.query(app.router.host_for(shard),
-                                f"SELECT from_id, COUNT(*) n FROM {q} GROUP BY from_id "
-                                "ORDER BY n DESC LIMIT 1", (), shard)
+        rows = rt.router.query(rt.router.host_for(shard),
+                               f"SELECT from_id, COUNT(*) n FROM {q} GROUP BY from_id "
+                               "ORDER BY n DESC LIMIT 1", (), shard)
         if rows and rows[0][1] > best[0]:
             best = (rows[0][1], rows[0][0])
     return best[1]
 
 
-def board_page_lines(app: App, limit: int = 8) -> tuple[list[str], int | None]:
+def board_page_lines(rt: Runtime, limit: int = 8) -> tuple[list[str], int | None]:
     """A board page rendered from the shards: board -> pin IDs -> multi-get of pins."""
-    board = _biggest_board(app)
+    board = _biggest_board(rt)
     if board is None:
         return ["(no board to show)"], None
-    objects = ObjectStore(app.router)
+    objects = ObjectStore(rt.router)
     b = objects.get(board).data
-    store = MappingStore(app.router, "board_has_pins")
+    store = MappingStore(rt.router, "board_has_pins")
     page = store.page(board, limit=limit)
     pins = objects.get_many(page.ids)
     out = [f"board page: {b['name']!r} ({store.count(board)} pins), newest first "
@@ -63,31 +64,31 @@ def board_page_lines(app: App, limit: int = 8) -> tuple[list[str], int | None]:
     return out, board
 
 
-def hot_board_lines(app: App) -> list[str]:
+def hot_board_lines(rt: Runtime) -> list[str]:
     """The hotspot directory of the most followed board, and its first followers."""
     rows = []
-    for shard in app.router.shardmap.shards():
+    for shard in rt.router.shardmap.shards():
         q = f"`{shard_db(shard)}`.`board_followedby_user_shard`"
-        rows += app.router.query(app.router.host_for(shard),
-                                 f"SELECT board_id, SUM(row_count) FROM {q} GROUP BY board_id",
-                                 (), shard)
+        rows += rt.router.query(rt.router.host_for(shard),
+                                f"SELECT board_id, SUM(row_count) FROM {q} GROUP BY board_id",
+                                (), shard)
     if not rows:
         return ["no hot boards (nothing above the rebalance threshold)"]
     board, n = max(rows, key=lambda r: r[1])
-    entry = hotspot.Directory(app.router).get(board)
-    page = hotspot.followers(app.router, board, 5)
+    entry = hotspot.Directory(rt.router).get(board)
+    page = hotspot.followers(rt.router, board, 5)
     return [f"hot board {board} ({int(n)} followers): directory state {entry.state}, "
             f"followers spread over shards {list(entry.shards)} (home shard "
             f"{ids.shard_of(board)} keeps none)",
             f"  newest followers (fan-out read merged by sequence): {page.ids}"]
 
 
-def export_lines(app: App, date: str, suspect: Iterable[str] = ()) -> list[str]:
+def export_lines(rt: Runtime, date: str, suspect: Iterable[str] = ()) -> list[str]:
     """Where the export of ``date`` is: each table's folder, files, rows and size.
 
     Tables in ``suspect`` were written by a run that failed: their line says so.
     """
-    dest = open_destination(app.settings.export_url)
+    dest = open_destination(rt.settings.export_url)
     out = [f"exports of dt={date} under {dest.url}/ (manifest, then _SUCCESS):"]
     for table in EXPORT_TABLES:
         folder = exporter.folder_of(table, date)
@@ -103,47 +104,6 @@ def export_lines(app: App, date: str, suspect: Iterable[str] = ()) -> list[str]:
         out.append(f"  read as Spark would, e.g. DuckDB: SELECT count(*) FROM read_json("
                    f"'{dest.root}/pins/*/*.jsonl.gz', hive_partitioning=true)")
     return out
-
-
-@dataclass
-class RunResult:
-    """How one run the demo started ended."""
-
-    phase: str
-    run_id: str
-    status: str
-    total: int
-    failed: int
-    summary: dict
-    mismatches: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """Every chunk done and, for a verify run, no mismatch."""
-        return self.status == "done" and self.failed == 0 and self.mismatches == 0
-
-    def problem(self) -> str:
-        """``run R: failed, 3 of 48 chunks failed`` (or its mismatches)."""
-        parts = []
-        if self.status != "done" or self.failed:
-            parts.append(f"{self.status}, {self.failed} of {self.total} chunks failed")
-        if self.mismatches:
-            parts.append(f"{self.mismatches:,} mismatches")
-        return f"run {self.run_id}: {'; '.join(parts)}"
-
-
-def run_result(rt: Runtime, phase: str, run_id: str, status: str) -> RunResult:
-    """The outcome of a finished run, read back from the ledger."""
-    summary = runs.summary(rt, run_id)
-    total = rt.ledger.run(run_id)["total_chunks"]
-    return RunResult(phase, run_id, status, total, summary["failed_chunks"], summary)
-
-
-def verify_result(rt: Runtime, run_id: str, status: str) -> RunResult:
-    """The outcome of a finished verify run, with the mismatches it recorded."""
-    result = run_result(rt, "verify", run_id, status)
-    result.mismatches, _ = rt.ledger.mismatches(run_id, limit=0)
-    return result
 
 
 def failure_lines(rt: Runtime, results: list[RunResult], migrate_run: str,
@@ -174,3 +134,44 @@ def safely(what: str, render: Callable[[], list[str]]) -> list[str]:
         return render()
     except FarmError as exc:
         return [f"({what} not shown: {str(exc).splitlines()[0]})"]
+
+
+def _suspect_tables(p: Phases) -> set[str]:
+    """Exported tables written by a run that failed."""
+    if p.failed("migrate"):
+        return set(EXPORT_TABLES)
+    return ((set(REVERSES) if p.failed("reverse mappings") else set())
+            | ({FOLLOWERS} if p.failed("rebalance hot boards") else set()))
+
+
+def _head(p: Phases, mig: RunResult, quarantine: list[str]) -> list[str]:
+    """The title, the migration's tables, the time per phase, quarantine and verify."""
+    ver = p.results["verify"]
+    return ["", "shardfarm demo" + (" FAILED: see the end of this report" if p.bad() else ""),
+            "=" * 60, f"migration {mig.run_id}: {mig.status}, {mig.failed} failed chunks",
+            *table_lines(mig.summary), "", "time per phase:", *p.lines(), "",
+            "quarantined rows by reason:", *quarantine, "",
+            f"verify {ver.run_id}: {ver.status}, {ver.mismatches} mismatches", ""]
+
+
+def build(rt: Runtime, p: Phases, mig: RunResult, date: str) -> list[str]:
+    """The report's lines: what the demo made, and what failed with the commands to see more.
+
+    ``mig`` is how the migration ended, ``date`` the partition the demo exported.
+    """
+    out = _head(p, mig, quarantine_lines(rt, mig.run_id))
+    try:
+        page, board = board_page_lines(rt)
+    except FarmError as exc:
+        page, board = [f"(board page not shown: {str(exc).splitlines()[0]})"], None
+    out += page
+    if bad := p.failed("reverse mappings", "rebalance hot boards"):
+        out += ["", f"hot boards not shown: {bad.phase} {bad.problem()}"]
+    else:
+        out += ["", *safely("hot boards", lambda: hot_board_lines(rt))]
+    if board:
+        out += ["", f"decoded board ID {board}: {ids.decode(board).as_dict()}"]
+    out += ["", *safely("exports", lambda: export_lines(rt, date, _suspect_tables(p)))]
+    if p.bad():
+        out += ["", *failure_lines(rt, list(p.results.values()), mig.run_id)]
+    return out

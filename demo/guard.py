@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pymysql
 
 from demo.legacygen.origin import COUNT_CAP, describe_rows, legacy_rows, read_origin, where
-from scripts.app import App
+from jobs.runtime import Runtime
 from shardfarm.errors import DatabaseError, FatalError
 from shardfarm.mysql.db import connect
 from shardfarm.mysql.dsn import Host
@@ -49,9 +49,9 @@ class Survey:
         return any(n for _, n in self.shard_rows.values())
 
 
-def control_runs(app: App) -> list[dict] | None:
+def control_runs(rt: Runtime) -> list[dict] | None:
     """``{"run_id", "kind", "queue", "params"}`` of every run; ``None`` without a control DB."""
-    dsn = app.settings.control_dsn
+    dsn = rt.settings.control_dsn
     try:
         conn = connect(dsn)
     except DatabaseError as exc:
@@ -71,9 +71,9 @@ def control_runs(app: App) -> list[dict] | None:
         conn.close()
 
 
-def shard_rows(app: App) -> dict[str, tuple[int, int]]:
+def shard_rows(rt: Runtime) -> dict[str, tuple[int, int]]:
     """Per server of the map: how many shard databases hold rows, and how many rows."""
-    m = app.router.shardmap
+    m = rt.router.shardmap
     hosts: dict[tuple, Host] = {}
     by_server: dict[tuple, list[str]] = defaultdict(list)
     for shard in m.shards():  # several host names may point at one server: count it once
@@ -82,48 +82,48 @@ def shard_rows(app: App) -> dict[str, tuple[int, int]]:
     out = {}
     for server, dbs in by_server.items():
         host = hosts[server]
-        counts = _count_tables(app, host, dbs)
+        counts = _count_tables(rt, host, dbs)
         if counts:
             out[f"{host.host}:{host.port}"] = (sum(1 for n in counts.values() if n),
                                                 sum(counts.values()))
     return out
 
 
-def _count_tables(app: App, host: Host, dbs: list[str]) -> dict[str, int]:
+def _count_tables(rt: Runtime, host: Host, dbs: list[str]) -> dict[str, int]:
     """Rows per database (each table counted up to ``COUNT_CAP``), existing tables only."""
     marks = ",".join(["%s"] * len(dbs))
-    tables = [(d, t) for d, t in app.router.query(
+    tables = [(d, t) for d, t in rt.router.query(
         host, f"SELECT table_schema, table_name FROM information_schema.tables "
               f"WHERE table_schema IN ({marks})", dbs) if t in DATA_TABLES]
     out: dict[str, int] = defaultdict(int)
     for i in range(0, len(tables), _BATCH):
         sql = " UNION ALL ".join(f"SELECT '{d}', COUNT(*) FROM (SELECT 1 FROM `{d}`.`{t}` "
                                  f"LIMIT {COUNT_CAP}) x" for d, t in tables[i:i + _BATCH])
-        for db, n in app.router.query(host, sql):
+        for db, n in rt.router.query(host, sql):
             out[db] += int(n)
     return out
 
 
-def survey(app: App) -> Survey:
+def survey(rt: Runtime) -> Survey:
     """Look at the legacy database, the shards of the map and the control database."""
-    dsn = app.settings.legacy_dsn
+    dsn = rt.settings.legacy_dsn
     legacy = legacy_rows(dsn)
     origin = read_origin(dsn) if sum(legacy.values()) else None
-    return Survey(legacy, origin, shard_rows(app), control_runs(app))
+    return Survey(legacy, origin, shard_rows(rt), control_runs(rt))
 
 
 def _writers(runs: list[dict]) -> list[dict]:
     return [r for r in runs if r["kind"] not in READ_ONLY_KINDS]
 
 
-def foreign(app: App, s: Survey) -> dict[str, str]:
+def foreign(rt: Runtime, s: Survey) -> dict[str, str]:
     """What the survey found that the demo did not make: ``{"legacy"|"shards": phrase}``."""
     found = {}
     if sum(s.legacy.values()) and (s.origin or {}).get("made_by") != MADE_BY:
         maker = f", made by '{s.origin['made_by']}'" if s.origin else ""
-        found["legacy"] = (f"legacy {where(app.settings.legacy_dsn)} holds "
+        found["legacy"] = (f"legacy {where(rt.settings.legacy_dsn)} holds "
                            f"{describe_rows(s.legacy)}{maker}")
-    if s.shards_hold_rows and (why := _shards_not_ours(app, s)):
+    if s.shards_hold_rows and (why := _shards_not_ours(rt, s)):
         held = "; ".join(f"{_databases(k)} of the map on {server} hold{'s' if k == 1 else ''} "
                          f"{n:,} row{'' if n == 1 else 's'}"
                          for server, (k, n) in s.shard_rows.items() if n)
@@ -135,9 +135,9 @@ def _databases(k: int) -> str:
     return f"{k} shard database{'' if k == 1 else 's'}"
 
 
-def _shards_not_ours(app: App, s: Survey) -> str | None:
+def _shards_not_ours(rt: Runtime, s: Survey) -> str | None:
     """Why rows in the shards are not the demo's, or ``None`` when they are."""
-    control = f"control database '{app.settings.control_dsn.database}'"
+    control = f"control database '{rt.settings.control_dsn.database}'"
     if s.runs is None:
         return f"the {control} does not exist, so no demo run made them"
     writers = _writers(s.runs)

@@ -24,51 +24,53 @@ from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
+from demo.guard import control_runs
 from exporters import export as exporter
 from exporters.destinations import FileDestination, open_destination
 from farmcore import keys
 from jobs.runs import DEFAULT_QUEUE
-from scripts.app import App
-from scripts.demo_guard import control_runs
+from jobs.runtime import Runtime
 from shardfarm.errors import InvalidIdError
 from shardfarm.mysql.db import drop_database
+from shardfarm.mysql.dsn import Host
 from sharding import ids
 from sharding.schema import mod_db, shard_db
 
 _HOME = keys.home_feed(0)[:-1]  # "home:"
 
 
-def clean_everything(app: App) -> dict:
+def clean_everything(rt: Runtime) -> dict:
     """Drop the demo's databases, delete its exports and the farm's Redis keys; counts."""
-    runs = control_runs(app) or []  # read before the control database goes
+    runs = control_runs(rt) or []  # read before the control database goes
     exported = remove_demo_exports(runs)
-    dropped = drop_demo_databases(app)
-    conn = app.settings.redis()
+    dropped = drop_demo_databases(rt)
+    conn = rt.settings.redis()
     try:
         queues = sorted({DEFAULT_QUEUE, *(r["queue"] for r in runs if r["queue"])})
         deleted = (farm_keys(conn) + sum(rq_queue_keys(conn, q) for q in queues)
-                   + rq_worker_keys(conn, set(queues)) + home_feeds(conn, app))
+                   + rq_worker_keys(conn, set(queues)) + home_feeds(conn, rt))
     finally:
         conn.close()
     return {"dropped_databases": dropped, "redis_keys_deleted": deleted,
             "export_files_deleted": exported}
 
 
-def drop_demo_databases(app: App) -> int:
+def drop_demo_databases(rt: Runtime) -> int:
     """Drop every shard and mod database of the map, then the legacy and control databases."""
-    m = app.router.shardmap
+    m = rt.router.shardmap
     dropped = 0
     for shard in m.shards():
-        dropped += _drop(app, m.master(shard), shard_db(shard))
+        dropped += _drop(rt, m.master(shard), shard_db(shard))
     for b in range(m.buckets):
-        dropped += _drop(app, m.mod_master(b), mod_db(b))
-    for dsn in (app.settings.legacy_dsn, app.settings.control_dsn):
+        dropped += _drop(rt, m.mod_master(b), mod_db(b))
+    for dsn in (rt.settings.legacy_dsn, rt.settings.control_dsn):
         drop_database(dsn)
     return dropped + 2
 
 
-def _drop(app: App, host, db: str) -> int:
-    with app.router.connection(host) as conn, conn.cursor() as cur:
+def _drop(rt: Runtime, host: Host, db: str) -> int:
+    """Drop database ``db`` on ``host`` if it exists; counts it."""
+    with rt.router.connection(host) as conn, conn.cursor() as cur:
         cur.execute(f"DROP DATABASE IF EXISTS `{db}`")
     return 1
 
@@ -90,7 +92,7 @@ def remove_demo_exports(runs: list[dict]) -> int:
     return removed
 
 
-def _prune_empty(root) -> None:
+def _prune_empty(root: str | os.PathLike) -> None:
     """Remove empty directories under ``root`` (bottom up), and ``root`` if it ends empty."""
     for path, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
         with suppress(OSError):  # not empty
@@ -155,11 +157,12 @@ def rq_worker_keys(conn: redis.Redis, queues: set[str]) -> int:
     return n
 
 
-def home_feeds(conn: redis.Redis, app: App) -> int:
+def home_feeds(conn: redis.Redis, rt: Runtime) -> int:
     """Delete the home feeds (and half-built ones) of users whose shard is in the map."""
-    shards = set(app.router.shardmap.shards())
+    shards = set(rt.router.shardmap.shards())
 
     def not_ours(key: str) -> bool:
+        """Whether ``key`` is not the home feed of a user of the map."""
         user = key[len(_HOME):].split(":", 1)[0]
         try:
             decoded = ids.decode(int(user))

@@ -1,0 +1,45 @@
+"""Before a run starts: the control database exists with its tables, and the shards have theirs.
+
+A run started against a missing shard database would fail chunk by chunk on the workers;
+this check refuses it at once, with the command that fixes it.
+"""
+
+from __future__ import annotations
+
+from farmcore import control_schema
+from shardfarm.errors import ConfigError
+from shardfarm.mysql.db import ensure_database
+from shardfarm.mysql.dsn import DSN, Host
+from shardfarm.settings import Settings
+from sharding.router import Router
+from sharding.schema import shard_db
+
+
+def ensure_control(dsn: DSN) -> None:
+    """Create the control database and every control table that does not exist yet."""
+    ensure_database(dsn)
+    control_schema.ensure(dsn)
+
+
+def shard_has_tables(router: Router, host: Host, shard: int) -> bool:
+    """Whether the database of ``shard`` holds any table on ``host``."""
+    with router.connection(host, shard) as conn, conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.tables "
+                    "WHERE table_schema = %s", (shard_db(shard),))
+        return bool(cur.fetchone()[0])
+
+
+def preflight(settings: Settings, router: Router) -> None:
+    """Refuse to start when the control database or the shard databases are missing.
+
+    The control database and its tables are created when missing; the first and last shard
+    of each range of the map must already have their tables.
+    """
+    ensure_control(settings.control_dsn)
+    m = router.shardmap
+    for r in m.shard_ranges:
+        for shard in {r.lo, r.hi}:
+            host = m.master(shard)
+            if not shard_has_tables(router, host, shard):
+                raise ConfigError(f"shard {shard} has no tables on {host.name}: "
+                                  "run 'farm shards init' first")

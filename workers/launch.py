@@ -1,0 +1,160 @@
+"""Start the farm's runs as the ``farm`` commands do: check, plan, record and enqueue.
+
+Each function checks that the control and shard databases are there, plans the run's
+chunks with its loader or exporter, records the run in the ledger and enqueues one job per
+chunk; it returns the run ID. Workers ('farm workers') do the work. When no worker is
+alive, ``notice`` is told so (the run still starts: workers may come later).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rq import Worker
+
+from exporters import dump
+from exporters import export as exporter
+from farmcore.preflight import preflight
+from jobs import runs
+from jobs.runtime import Runtime
+from loaders import feeds as feeder
+from loaders.mappings import rebalance as rebalancer
+from loaders.mappings import reverse as reverser
+from loaders.migration import migrate as migration
+from loaders.migration import verify as verifier
+from shardfarm.errors import ConfigError
+from workers import cron as scheduler
+
+Notice = Callable[[str], None]
+NO_WORKERS = "no workers are running; start some with 'farm workers'"
+
+
+def _silent(line: str) -> None:
+    """A ``notice`` that tells no one."""
+
+
+def warn_without_workers(rt: Runtime, notice: Notice) -> None:
+    """Tell ``notice`` when no worker is alive to run the chunks."""
+    if not Worker.count(connection=rt.redis):
+        notice(NO_WORKERS)
+
+
+def _ready(rt: Runtime, notice: Notice) -> None:
+    """The databases are there; ``notice`` hears when no worker is."""
+    preflight(rt.settings, rt.router)
+    warn_without_workers(rt, notice)
+
+
+def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
+            notice: Notice = _silent) -> str:
+    """Start the load of the whole legacy database into the shards as one run."""
+    _ready(rt, notice)
+    params, chunks = migration.plan(rt.settings, rt.router, rt.ledger, chunk_rows)
+    return runs.start(rt, "migrate", migration.HANDLER, chunks, params)
+
+
+def migrate_run(rt: Runtime, run_id: str | None) -> dict:
+    """The ledger's row of migrate run ``run_id`` (default: the latest migrate run)."""
+    run_id = run_id or rt.ledger.latest_run("migrate")
+    if not run_id:
+        raise ConfigError("no migrate run to verify: run 'farm migrate' first")
+    of = rt.ledger.run(run_id)
+    if of["kind"] != "migrate":
+        raise ConfigError(f"{run_id} is a {of['kind']} run, not a migrate run")
+    return of
+
+
+def start_verify(rt: Runtime, of: dict, extra: dict | None = None) -> str:
+    """Start the verify of migrate run ``of`` (its ledger row) over the same chunks.
+
+    ``extra`` is added to the run's params (the demo's tag).
+    """
+    p = of["params"]
+    _, chunks = migration.plan(rt.settings, rt.router, rt.ledger, p["chunk_rows"])
+    params = {k: p[k] for k in ("open_shards", "kinds", "chunk_rows")}
+    return runs.start(rt, "verify", verifier.HANDLER, chunks,
+                      {**params, "of_run": of["run_id"], **(extra or {})})
+
+
+def verify(rt: Runtime, run_id: str | None, notice: Notice = _silent) -> tuple[str, str]:
+    """Start the verify of migrate run ``run_id`` (default: the latest).
+
+    Returns the verify run's ID and the migrate run's.
+    """
+    of = migrate_run(rt, run_id)
+    _ready(rt, notice)
+    return start_verify(rt, of), of["run_id"]
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """How a verify run ended: its JSON summary and its first mismatches."""
+
+    summary: dict
+    examples: list[dict]
+
+    @property
+    def ok(self) -> bool:
+        """Every chunk done and no mismatch."""
+        return self.summary["status"] == "done" and not self.summary["mismatches"]
+
+
+def verify_outcome(rt: Runtime, vid: str, of_run: str, status: str,
+                   limit: int = 50) -> VerifyOutcome:
+    """The outcome of verify run ``vid`` of ``of_run`` that ended in ``status``."""
+    n, examples = rt.ledger.mismatches(vid, limit=limit)
+    summary = runs.summary(rt, vid)
+    return VerifyOutcome({"run_id": vid, "of_run": of_run, "status": status,
+                          "checked": summary["loaded"], "mismatches": n,
+                          "failed_chunks": summary["failed_chunks"]}, examples)
+
+
+def export(rt: Runtime, date: str, dest: str | None, tables: list[str], fmt: str, role: str,
+           force: bool, notice: Notice = _silent) -> str:
+    """Start the export of every shard of ``tables`` (all: empty) for the ``date`` partition.
+
+    Usage mistakes (a bad date or table) are refused before any server is asked.
+    """
+    exporter.check_date(date)
+    dump.check_tables(tables)
+    preflight(rt.settings, rt.router)
+    params, chunks = exporter.plan(rt.router, date, dest or rt.settings.export_url, tables,
+                                   fmt, role, force)
+    exporter.refuse_overlap(rt.ledger, params)
+    warn_without_workers(rt, notice)
+    return runs.start(rt, "export", exporter.HANDLER, chunks, params)
+
+
+def cron_scheduler(rt: Runtime, name: str, at: str, export_args: dict) -> scheduler.Scheduler:
+    """The nightly export's scheduler, once its expression, tables and databases are checked.
+
+    ``export_args``: ``{"dest", "tables", "from", "format"}`` of each export it starts.
+    """
+    scheduler.check_expression(at)
+    dump.check_tables(export_args["tables"])
+    preflight(rt.settings, rt.router)
+    return scheduler.Scheduler(rt, name=name, at=at, export_args=export_args)
+
+
+def feeds(rt: Runtime, user_ids: list[int] | None, chunk_users: int, length: int,
+          notice: Notice = _silent) -> str:
+    """Start the rebuild of the home feeds of ``user_ids`` (``None``: every active user)."""
+    _ready(rt, notice)
+    params, chunks = feeder.plan(rt.router, chunk_users, length, user_ids)
+    return runs.start(rt, feeder.KIND, feeder.HANDLER, chunks, params)
+
+
+def reverse(rt: Runtime, tables: list[str], chunk_rows: int, notice: Notice = _silent) -> str:
+    """Start the rebuild of reverse mapping ``tables`` (all: empty) from their forward ones."""
+    _ready(rt, notice)
+    params, chunks = reverser.plan(rt.router, tables, chunk_rows)
+    return runs.start(rt, "reverse", reverser.HANDLER, chunks, params)
+
+
+def rebalance(rt: Runtime, table: str, threshold: int, spread: int,
+              notice: Notice = _silent) -> str:
+    """Start spreading the boards of ``table`` above ``threshold`` rows over ``spread`` shards."""
+    _ready(rt, notice)
+    params, chunks = rebalancer.plan(rt.router, table, threshold, spread)
+    return runs.start(rt, "rebalance", rebalancer.HANDLER, chunks, params)
