@@ -48,7 +48,7 @@ def run_result(rt: Runtime, phase: str, run_id: str, status: str) -> RunResult:
 def verify_result(rt: Runtime, run_id: str, status: str) -> RunResult:
     """The outcome of a finished verify run, with the mismatches it recorded."""
     result = run_result(rt, "verify", run_id, status)
-    result.mismatches, _ = rt.ledger.mismatches(run_id, limit=0)
+    result.mismatches, _ = rt.ledger.mismatches.of_run(run_id, limit=0)
     return result
 
 

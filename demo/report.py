@@ -30,7 +30,7 @@ def table_lines(summary: dict) -> list[str]:
 
 def quarantine_lines(rt: Runtime, run_id: str) -> list[str]:
     """``table.reason  count`` lines of a run's quarantine."""
-    return [f"  {t + '.' + r:<32}{n:>7,}" for t, r, n in rt.ledger.quarantine_reasons(run_id)]
+    return [f"  {t + '.' + r:<32}{n:>7,}" for t, r, n in rt.ledger.quarantine.reasons(run_id)]
 
 
 def _biggest_board(rt: Runtime) -> int | None:
@@ -121,7 +121,7 @@ def failure_lines(rt: Runtime, results: list[RunResult], migrate_run: str,
                 out.append(f"    chunk {f['chunk_id']} ({f['kind']}): {why}")
             out.append(f"    see them all: farm failed --run {r.run_id}")
         if r.mismatches:
-            _, first = rt.ledger.mismatches(r.run_id, limit=reasons)
+            _, first = rt.ledger.mismatches.of_run(r.run_id, limit=reasons)
             out += [f"    {m['legacy_table']} {m['legacy_key']} {m['target']}: {m['problem']}"
                     for m in first]
             out.append(f"    see them all: farm verify --run {migrate_run}")

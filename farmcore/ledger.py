@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import pymysql.cursors
 
-from farmcore.mismatches import Mismatches, Problem
-from farmcore.quarantine import BadRow, Quarantine
+from farmcore.cronstate import CronState
+from farmcore.mismatches import Mismatches
+from farmcore.quarantine import Quarantine
 from shardfarm.errors import FatalError, FencedError
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.mysql.pool import Pool
@@ -79,14 +80,17 @@ class Ledger:
     """Runs and chunks in the control database (the only writer of ``runs`` and ``chunks``).
 
     It opens the control database's pool (``pool``), which the other control stores
-    share; the quarantine and mismatch methods below only hand over to their stores.
+    share: ``quarantine`` (bad legacy rows), ``mismatches`` (what verify found) and
+    ``cron_state`` (the scheduler's last slots) are those stores, each the only writer of
+    its table.
     """
 
     def __init__(self, dsn: DSN, pool_size: int = 4) -> None:
         host = Host.from_dsn("control", dsn)
         self.pool = Pool(host, size=pool_size, database=dsn.database)
-        self.quarantines = Quarantine(self.pool)
-        self.mismatch_log = Mismatches(self.pool)
+        self.quarantine = Quarantine(self.pool)
+        self.mismatches = Mismatches(self.pool)
+        self.cron_state = CronState(self.pool)
 
     def close(self) -> None:
         """Close pooled connections."""
@@ -309,26 +313,6 @@ class Ledger:
         return [dict(zip(cols, r, strict=True)) for r in rows]
 
     # -- stores of their own, reached through the ledger by chunk handlers and the CLI -------
-    def quarantine(self, lease: Lease, rows: list[BadRow]) -> None:
-        """Record bad legacy rows of a chunk (``Quarantine.record``)."""
-        self.quarantines.record(lease, rows)
-
-    def quarantined(self, run_id: str, limit: int | None = None) -> list[dict]:
-        """Quarantined rows of a run (``Quarantine.rows``)."""
-        return self.quarantines.rows(run_id, limit)
-
-    def quarantine_reasons(self, run_id: str) -> list[tuple[str, str, int]]:
-        """``(table, reason, count)`` of a run's quarantine (``Quarantine.reasons``)."""
-        return self.quarantines.reasons(run_id)
-
-    def record_mismatches(self, lease: Lease, rows: list[Problem]) -> None:
-        """Replace this chunk's verify mismatches (``Mismatches.record``)."""
-        self.mismatch_log.record(lease, rows)
-
-    def mismatches(self, run_id: str, limit: int = 100) -> tuple[int, list[dict]]:
-        """How many mismatches a verify run found, and the first ``limit``."""
-        return self.mismatch_log.of_run(run_id, limit)
-
     def latest_run(self, kind: str) -> str | None:
         """The newest run of ``kind``, if any."""
         rows = self.pool.query("SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC "

@@ -61,7 +61,7 @@ def quarantine(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
     run_id = run_id or ledger.latest_run("migrate")
     if not run_id:
         raise ConfigError("no migrate run yet")
-    rows = ledger.quarantined(run_id, limit)
+    rows = ledger.quarantine.rows(run_id, limit)
     for r in rows:
         if as_json:
             emit({"run_id": run_id, **r})
@@ -69,7 +69,7 @@ def quarantine(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
             click.echo(f"{r['legacy_table']:<9} {r['legacy_key']:<28} {r['reason']:<22} "
                        f"{r['detail']}")
     if not as_json:
-        reasons = ledger.quarantine_reasons(run_id)
+        reasons = ledger.quarantine.reasons(run_id)
         click.echo(f"{sum(n for *_, n in reasons)} quarantined in {run_id}: " + ", ".join(
             f"{t}.{r} {n}" for t, r, n in reasons))
 

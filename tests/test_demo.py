@@ -240,7 +240,7 @@ def test_verify_mismatches_count_as_a_failure_with_their_first_rows(ledger, sett
     from jobs.runtime import Runtime
     vid = ledger.create_run("verify", "farm", {"of_run": "migrate-x"}, [ChunkSpec("users", {})])
     lease = ledger.claim(vid, 0, "test")
-    ledger.record_mismatches(lease, [("users", str(k), "1", f"username differs {k}")
+    ledger.mismatches.record(lease, [("users", str(k), "1", f"username differs {k}")
                                      for k in range(5)])
     ledger.finish(lease, Outcome(rows_read=5))
     rt = Runtime(settings)

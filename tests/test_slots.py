@@ -76,7 +76,7 @@ def verify(rt, settings, of_run: str) -> list[dict]:
     vid = rt.ledger.create_run("verify", "none", params, chunks)
     for c in range(len(chunks)):
         assert lifecycle.execute(rt, vid, c) == "done"
-    return rt.ledger.mismatches(vid, limit=100)[1]
+    return rt.ledger.mismatches.of_run(vid, limit=100)[1]
 
 
 def new_id(router, type_name: str, legacy_id: int) -> int | None:

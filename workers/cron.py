@@ -110,8 +110,8 @@ class Scheduler:
     # -- durable state ------------------------------------------------------------------
     @property
     def state(self) -> CronState:
-        """The durable record of fired slots (on the ledger's control database pool)."""
-        return CronState(self.rt.ledger.pool)
+        """The durable record of fired slots (the control database's ``cron_state``)."""
+        return self.rt.ledger.cron_state
 
     def last_slot(self) -> dt.datetime | None:
         """The last slot fired, or ``None`` before the first."""

@@ -103,7 +103,7 @@ class VerifyOutcome:
 def verify_outcome(rt: Runtime, vid: str, of_run: str, status: str,
                    limit: int = 50) -> VerifyOutcome:
     """The outcome of verify run ``vid`` of ``of_run`` that ended in ``status``."""
-    n, examples = rt.ledger.mismatches(vid, limit=limit)
+    n, examples = rt.ledger.mismatches.of_run(vid, limit=limit)
     summary = runs.summary(rt, vid)
     return VerifyOutcome({"run_id": vid, "of_run": of_run, "status": status,
                           "checked": summary["loaded"], "mismatches": n,

@@ -120,6 +120,6 @@ def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
     write_all(ctx.router, ctx.token, target, found.held)
-    ctx.ledger.quarantine(ctx.lease, bad)
+    ctx.ledger.quarantine.record(ctx.lease, bad)
     return Outcome(rows_read=len(judged), rows_written=len(good), rows_quarantined=len(bad),
                    counts=target.count())

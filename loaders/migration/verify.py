@@ -207,7 +207,7 @@ def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     want, have = _digest(_expected_items(expected)), _digest(checker.found)
     if want != have and not checker.problems:
         checker.problems.append((table, f"{lo}..{hi}", "*", "content digest differs"))
-    ctx.ledger.record_mismatches(ctx.lease, checker.problems)
+    ctx.ledger.mismatches.record(ctx.lease, checker.problems)
     return Outcome(rows_read=len(judged), rows_written=len(good) - len(missing),
                    rows_quarantined=len(checker.problems),
                    counts={"expected": expected.count(), "mismatches": len(checker.problems),
