@@ -10,7 +10,7 @@ import sys
 import click
 import redis
 
-from shardfarm import log
+from shardfarm import log as farm_log
 from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
 ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
@@ -55,7 +55,7 @@ def cli(log_level: str | None) -> None:
     machines run them against the shards; the control database keeps which
     chunks of which run are done.
     """
-    log.setup(log_level)
+    farm_log.setup(log_level)
 
 
 def _register() -> None:

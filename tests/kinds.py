@@ -107,7 +107,8 @@ def export_frozen(ctx, table: str, shard: int, freeze_once: str, part_size: int 
     import os
     import signal
 
-    from exporters import destinations, export
+    from exporters import destinations
+    from exporters import export as exporter
 
     def freezing(commit):
         def wrapped(self):
@@ -131,4 +132,4 @@ def export_frozen(ctx, table: str, shard: int, freeze_once: str, part_size: int 
         destinations.MIN_PART = destinations.PART_SIZE = part_size
         init = destinations.S3Writer.__init__
         init.__defaults__ = (part_size, *init.__defaults__[1:])
-    return export.export_chunk(ctx, table, shard)
+    return exporter.export_chunk(ctx, table, shard)
