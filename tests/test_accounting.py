@@ -67,6 +67,7 @@ def _ids(conn: redis.Redis, queue: str = "t") -> list[tuple[str, bytes]]:
 EXPECTED = sorted(item_id("tests.kinds.record", kw) for kw in ITEMS)
 
 
+@pytest.mark.slow
 def test_a_connection_lost_before_the_commit_leaves_every_item_enqueueable(conn, settings):
     broken = _Dropped.from_url(settings.redis_url)
     with pytest.raises(redis.ConnectionError):
@@ -86,6 +87,7 @@ def test_a_reply_lost_after_the_commit_keeps_each_item_queued_once(conn, setting
     assert _queued_items(conn) == EXPECTED and _counter(conn) == 120
 
 
+@pytest.mark.slow
 def test_finished_items_can_be_enqueued_again(conn):
     assert enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn).enqueued == 120
     _drain(conn)
@@ -96,6 +98,7 @@ def test_finished_items_can_be_enqueued_again(conn):
     assert conn.hlen("test:record") == 120 and _counter(conn) == 0
 
 
+@pytest.mark.slow
 def test_dedup_holds_only_items_in_flight(conn):
     enqueue_many("t", "tests.kinds.record", ITEMS, connection=conn)
     assert sorted(i for i, _ in _ids(conn)) == EXPECTED

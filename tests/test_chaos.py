@@ -11,6 +11,7 @@ import subprocess
 import time
 
 import pymysql
+import pytest
 import redis
 
 from jobs import runs
@@ -19,6 +20,8 @@ from tests.conftest import run_farm
 from tests.contract_checker import check_migration
 from tests.farmkit import children, start_workers, stop
 from tests.migratekit import last_json, quarantine_rows, truncate_target
+
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
 
 
 def _suite_pids() -> set[int]:

@@ -14,6 +14,8 @@ import signal
 import threading
 from pathlib import Path
 
+import pytest
+
 from exporters import export as exporter
 from farmcore.ledger import ChunkSpec
 from jobs import runs
@@ -22,6 +24,8 @@ from loaders.mappings import rebalance as rebalancer
 from tests.farmkit import children, start_workers, stop, until
 from tests.test_export import data  # noqa: F401 - fixture: rows on shards of both servers
 from tests.test_hotspot import _all_followers, _reverse, hot_board  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
 
 DATE = "2026-11-19"
 FROZEN = "tests.kinds.export_frozen"

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.conftest import TEST_BUCKETS, run_farm
 
 
@@ -15,6 +17,7 @@ def test_id_decode_and_encode(farm_env):
                                       "type_name": "pin", "local": 42}
 
 
+@pytest.mark.slow
 def test_bad_id_exits_2_with_one_line(farm_env):
     for bad in ("nope", str(2**62), "-3", str(1 << 46)):
         out = run_farm(farm_env, "id", "decode", bad)
@@ -43,6 +46,7 @@ def test_bad_shard_map_is_one_line(farm_env, tmp_path):
         "farm: error: bad shard map: shards[0].slave names unknown host 'B'")
 
 
+@pytest.mark.slow
 def test_unreachable_control_db_is_one_line(farm_env):
     from tests.servers import free_port
     env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root:topsecret@127.0.0.1:{free_port()}/c"}
@@ -59,6 +63,7 @@ def test_bad_flag_is_usage_error(farm_env):
     assert out.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_shards_init_via_cli(farm_env, router):
     out = run_farm(farm_env, "shards", "init")
     assert out.returncode == 0, out.stderr
@@ -74,6 +79,7 @@ def _usage_error(out, words: str) -> None:
     assert last.startswith("farm: error: ") and words in last, last
 
 
+@pytest.mark.slow
 def test_usage_mistakes_exit_2(farm_env, router):
     _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad cron expression")
     _usage_error(run_farm(farm_env, "cron", "--once", "--tables", "users,nope"),
@@ -88,6 +94,7 @@ def test_usage_mistakes_exit_2(farm_env, router):
     _usage_error(run_farm(farm_env, "id", "encode", "1", "nope", "1"), "nope")
 
 
+@pytest.mark.slow
 def test_configuration_mistakes_exit_1_in_one_line(farm_env, tmp_path):
     bad_map = tmp_path / "shape.json"
     doc = {"version": 1, "hosts": {"A": {"host": "127.0.0.1"}},

@@ -141,6 +141,7 @@ def _cron_proc(env: dict, name: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 def test_two_cron_processes_fire_the_night_once_and_workers_export_it(farm_env, ledger,
                                                                       router, tmp_path):
     """Two ``farm cron`` processes (the Procfile's clock, twice) and real workers: the last

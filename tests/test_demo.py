@@ -97,6 +97,7 @@ def _one_line(stderr: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_legacy_database_it_did_not_make(env, demo_env):
     _, server, _ = demo_env
     _wipe(server.port)
@@ -118,6 +119,7 @@ def test_demo_refuses_a_legacy_database_it_did_not_make(env, demo_env):
     assert "made by 'farm legacy generate'" in _one_line(out.stderr)
 
 
+@pytest.mark.slow
 def test_demo_refuses_shards_holding_data_it_did_not_make(env, demo_env):
     _, server, _ = demo_env
     _wipe(server.port)
@@ -131,6 +133,7 @@ def test_demo_refuses_shards_holding_data_it_did_not_make(env, demo_env):
     assert _sql(server.port, "SELECT COUNT(*) FROM db00000.user_follows_boards") == [(1,)]
 
 
+@pytest.mark.slow
 def test_forced_demo_into_another_data_set_fails_loudly(env, demo_env):
     """The repro of issue 12: runs fail (UnknownShardError) and the demo used to exit 0."""
     _, server, _ = demo_env
@@ -175,6 +178,7 @@ def own_demos(farm_env, demo_env) -> list[str]:
     return reports[1:]
 
 
+@pytest.mark.slow
 def test_demo_runs_again_on_its_own_data(own_demos, demo_env):
     for report in own_demos:
         assert ": done, 0 failed chunks" in report and "0 mismatches" in report
@@ -205,6 +209,7 @@ def _other_application(r: redis.Redis) -> tuple[set[bytes], list[str]]:
     return set(r.scan_iter()) - before, [j.id for j in jobs]
 
 
+@pytest.mark.slow
 def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
     _, server, root = demo_env
     r = redis.Redis.from_url(REDIS_URL)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from farmcore import keys
 from farmcore.ledger import ChunkSpec, Lease
 from jobs import runs
@@ -19,6 +21,14 @@ from workers import maintenance
 HANDLER = "tests.kinds.write_edges"
 
 
+@pytest.fixture(autouse=True)
+def _park_leftover_runs(rt):
+    """Runs a test leaves unfinished are paused after it, so no later test's workers (which
+    serve the whole session's ledger) run their chunks."""
+    before = set(rt.ledger.runs(limit=1000, unfinished=True))
+    yield
+    for run_id in set(rt.ledger.runs(limit=1000, unfinished=True)) - before:
+        rt.ledger.set_paused(run_id, True)
 
 
 def _make_run(rt: Runtime, base: int, n: int) -> str:
@@ -63,6 +73,7 @@ def test_a_paused_run_whose_lease_expired_produces_no_jobs(rt):
     assert _jobs(rt, run_id) == 3
 
 
+@pytest.mark.slow
 def test_a_pending_chunk_whose_job_was_used_up_is_dispatched_again(rt, env):
     run_id = runs.start(rt, "test", HANDLER, [
         ChunkSpec("edges", {"shard": SHARDS_A[0] + 5, "start": 12_000_000 + 50 * i,
@@ -79,6 +90,7 @@ def test_a_pending_chunk_whose_job_was_used_up_is_dispatched_again(rt, env):
     assert rt.ledger.refresh_status(run_id) == "done"
 
 
+@pytest.mark.slow
 def test_retry_failed_covers_every_unfinished_chunk(rt, env):
     run_id = _make_run(rt, 13_000_000, 3)  # pending chunks, no job, nothing failed
     out = run_farm(env, "retry-failed", "--run", run_id)
@@ -101,6 +113,7 @@ def test_a_chunk_already_carried_by_a_live_job_is_not_dispatched_twice(rt):
     assert set(in_flight(rt.redis, "farm")) == {chunk_item(run_id, 0), chunk_item(run_id, 1)}
 
 
+@pytest.mark.slow
 def test_a_worker_sees_a_paused_run_and_leaves_its_chunk_pending(rt, env):
     run_id = runs.start(rt, "test", HANDLER, [
         ChunkSpec("edges", {"shard": SHARDS_A[0] + 5, "start": 15_000_000, "count": 50})])

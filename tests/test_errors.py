@@ -148,6 +148,7 @@ def _router_with_b_at(port: int, tmp_path) -> Router:
     return Router(ShardMapSource(path))
 
 
+@pytest.mark.slow
 def test_silent_shard_server_is_given_up_on_within_the_budget(silent_port, tmp_path,
                                                               monkeypatch):
     monkeypatch.setenv("FARM_CONNECT_TIMEOUT", "2")
@@ -172,6 +173,7 @@ def test_refused_connection_is_retried_only_within_the_budget(tmp_path, monkeypa
     assert f"127.0.0.1:{port}" in str(exc.value) and "refused" in str(exc.value)
 
 
+@pytest.mark.slow
 def test_cli_gives_up_on_a_silent_control_server_within_15_s(farm_env, silent_port):
     """The default budget (10 s): before, the ledger retried for 60 s, each try waiting for
     a handshake that never came."""
@@ -188,6 +190,7 @@ def test_cli_gives_up_on_a_silent_control_server_within_15_s(farm_env, silent_po
         assert "FARM_CONNECT_TIMEOUT=10 s" in last and "check FARM_CONTROL_DSN" in last
 
 
+@pytest.mark.slow
 def test_cli_gives_up_on_an_unroutable_control_host(farm_env):
     env = {**farm_env, "FARM_CONTROL_DSN": "mysql://root:topsecret@10.255.255.1:3306/c",
            "FARM_CONNECT_TIMEOUT": "3"}

@@ -170,6 +170,7 @@ def versions(client, prefix: str) -> dict[str, list[dict]]:
 
 
 # -- S3 -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_export_to_s3_is_read_back_exactly(env, workers, router, s3):
     doc = summary(run_farm(env, "export", "--date", DATE, "--tables", ",".join(TABLES),
                            "--wait", timeout=120))
@@ -199,6 +200,7 @@ def test_export_to_s3_is_read_back_exactly(env, workers, router, s3):
     assert not client.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
 
 
+@pytest.mark.slow
 def test_reexport_uploads_nothing_and_force_rewrites(env, workers, router, s3):
     client = s3["client"]
     before = versions(client, "nightly/")
@@ -320,6 +322,7 @@ def test_manifest_then_success_written_last_and_only_once(tmp_path):
 
 
 # -- file://, Parquet, --from slave ---------------------------------------------------------
+@pytest.mark.slow
 def test_file_export_read_by_duckdb_and_parquet_by_pyarrow(env, workers, router, tmp_path):
     url = f"file://{tmp_path}/exp"
     doc = summary(run_farm(env, "export", "--date", DATE, "--dest", url, "--tables",
@@ -392,6 +395,7 @@ def slave_map(server_b, router, tmp_path):
     conn.close()
 
 
+@pytest.mark.slow
 def test_from_slave_reads_the_slave(env, slave_map, tmp_path):
     path, shards = slave_map
     e = {**env, "FARM_SHARDMAP": str(path)}

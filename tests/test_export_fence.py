@@ -108,6 +108,7 @@ def restore_row(router, data):  # noqa: F811 - the data fixture
         "WHERE local_id = %s", (BASE,)))
 
 
+@pytest.mark.slow
 def test_zombie_frozen_before_rename_never_replaces_the_finalized_part(
         rt, env, router, tmp_path, restore_row):
     url = f"file://{tmp_path}/exp"
@@ -117,6 +118,7 @@ def test_zombie_frozen_before_rename_never_replaces_the_finalized_part(
     assert not [p for p in (tmp_path / "exp").rglob(".*")]  # the zombie's temp file is gone
 
 
+@pytest.mark.slow
 def test_zombie_frozen_before_multipart_completion_never_replaces_the_finalized_part(
         rt, env, router, tmp_path, s3, restore_row, monkeypatch):  # noqa: F811
     import moto.s3.models
@@ -175,6 +177,7 @@ def test_two_runs_of_one_date_never_write_a_folder_at_once(ledger, router, tmp_p
     assert not dest.exists(folder + "_SUCCESS")
 
 
+@pytest.mark.slow
 def test_second_export_of_one_date_is_refused_naming_the_first(env, rt, tmp_path):
     url = f"file://{tmp_path}/cli"
     first = run_farm(env, "export", "--date", DATE, "--dest", url, "--tables", "users")
@@ -235,6 +238,7 @@ def test_finalize_lock_survives_its_connections_being_dropped(settings, ledger, 
         b.close()
 
 
+@pytest.mark.slow
 def test_renewer_stops_the_attempt_when_it_cannot_renew_in_time(ledger, monkeypatch):
     """The control database stops answering (a port nothing listens on): every renewal
     fails, and the attempt is stopped at the lease's own deadline, not left running."""

@@ -5,6 +5,7 @@ import os
 import signal
 import time
 
+import pytest
 from rq import Worker
 
 from farmcore import keys
@@ -14,6 +15,8 @@ from sharding import ids
 from sharding.schema import shard_table
 from tests.conftest import SHARDS_A, SHARDS_B, run_farm
 from tests.farmkit import children, start_workers, stop, until
+
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
 
 HANDLER = "tests.kinds.write_edges"
 

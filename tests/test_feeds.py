@@ -15,6 +15,8 @@ from sharding.objects import ObjectStore
 from tests.conftest import SHARDS_A, SHARDS_B, run_farm
 from tests.farmkit import start_workers, stop
 
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
+
 USER_SHARDS = [SHARDS_A[0] + 1, SHARDS_A[0] + 3, SHARDS_B[0] + 1, SHARDS_B[0] + 5]
 BOARD_SHARDS = [SHARDS_A[0] + 2, SHARDS_A[0] + 5, SHARDS_B[0] + 2, SHARDS_B[0] + 6]
 TABLES = ("users", "boards", "pins", "board_has_pins", "user_follows_boards")

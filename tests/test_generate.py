@@ -97,6 +97,7 @@ def test_thousand_users_is_fast_and_about_forty_rows_each(seeded):
         assert _query(f"SELECT COUNT(*) FROM `{table}`") == [(n,)]
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_other_seed_differs():
     _generate(300, 7)
     first = _digest()
@@ -228,6 +229,7 @@ def _total_rows() -> int:
     return sum(_query(f"SELECT COUNT(*) FROM `{t}`")[0][0] for t in LEGACY_TABLES)
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_legacy_database_with_rows_unless_replace(seeded, farm_env):
     env = {**farm_env, "FARM_LEGACY_DSN": DSN_TEST.url()}
     total, before = _total_rows(), _digest()

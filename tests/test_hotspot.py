@@ -94,6 +94,7 @@ def test_reverse_equals_inverted_forward(rt, router, hot_board):
     assert sorted(_rows_everywhere(router, board)) == sorted(rows)
 
 
+@pytest.mark.slow
 def test_reader_during_rebalance_sees_every_follower_once(rt, router, hot_board, monkeypatch):
     board, expected = hot_board
     _reverse(rt, router, ["board_followedby_users"])
@@ -137,6 +138,7 @@ def test_reader_during_rebalance_sees_every_follower_once(rt, router, hot_board,
     assert {s for s, _, _ in _rows_everywhere(router, board)} <= set(entry.shards)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("die_at", ["copying", "active", "cleaned"])
 def test_rebalance_killed_at_each_state_completes_exactly(rt, router, hot_board, monkeypatch,
                                                           die_at):
@@ -213,6 +215,7 @@ def test_bad_rebalance_requests(router):
         reverser.plan(router, ["pins"])
 
 
+@pytest.mark.slow
 def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env):
     from tests.conftest import run_farm
     from tests.farmkit import start_workers, stop

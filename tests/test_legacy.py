@@ -39,6 +39,7 @@ def _plain(table: str, lo: int, hi: int) -> list[tuple]:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", ["users", "pins", "follows", "likes"])
 def test_chunk_pages_by_key_and_returns_every_row_once(reader, monkeypatch, table):
     """Pages of 7 rows cut through runs of equal first-key values (follows, likes)."""

@@ -31,6 +31,7 @@ def test_a_chunk_job_timeout_follows_the_chunks_size(rt):
     assert _job_timeouts(rt, run_id) and min(_job_timeouts(rt, run_id)) >= 3600 * hours
 
 
+@pytest.mark.slow
 def test_a_chunk_that_outlives_its_job_timeout_ends_cleanly_and_gets_more_time(rt, env):
     run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 3})],
                         params={"chunk_timeout": 2})

@@ -41,6 +41,7 @@ def migrated(farm_env, settings, router, ledger, server_b, map_path):
         stop(workers)
 
 
+@pytest.mark.slow
 def test_summary_matches_generator_expectation(migrated):
     s, g = migrated["summary"], migrated["generated"]
     assert s["status"] == "done" and s["failed_chunks"] == 0
@@ -56,6 +57,7 @@ def test_target_matches_contract(migrated, settings, map_path):
     assert problems == []
 
 
+@pytest.mark.slow
 def test_verify_passes(migrated, farm_env):
     out = run_farm(farm_env, "verify", timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -72,6 +74,7 @@ def test_quarantine_lists_reasons(migrated, farm_env):
     assert all(r["legacy_key"] for r in rows)
 
 
+@pytest.mark.slow
 def test_second_full_run_changes_nothing(migrated, farm_env, server_b):
     before = checksums(server_b.port)
     out = run_farm(farm_env, "migrate", "--chunk-size", "1500", "--wait", timeout=600)
@@ -81,6 +84,7 @@ def test_second_full_run_changes_nothing(migrated, farm_env, server_b):
     assert checksums(server_b.port) == before
 
 
+@pytest.mark.slow
 def test_verify_reports_corruption_with_legacy_key(migrated, farm_env, settings, router):
     conn = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn))
     with conn.cursor() as cur:
@@ -114,6 +118,7 @@ def _run_all_inline(rt, run_id, n_chunks):
         lifecycle.execute(rt, run_id, c)
 
 
+@pytest.mark.slow
 def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, server_b,
                                                           monkeypatch):
     import time

@@ -32,6 +32,7 @@ def _drain(conn, queue):
     w.work(burst=True)
 
 
+@pytest.mark.slow
 def test_enqueue_dedup_and_run(conn):
     items = [{"key": f"k{i}", "value": i} for i in range(250)]
     r1 = enqueue_many("t", "tests.kinds.record", items, connection=conn, batch=100)

@@ -133,6 +133,7 @@ def test_stale_rebalancer_stops_instead_of_moving_the_board_back(settings, rt, r
     assert sorted(_all_followers(router, board)) == sorted(expected)
 
 
+@pytest.mark.slow
 def test_add_follower_killed_between_any_two_statements(rt, router, hot_board, monkeypatch):
     """Bug (b), crash: home and listed shard were written in two transactions; a writer
     killed between them while the board was being copied lost the follower at the flip."""
@@ -197,6 +198,7 @@ def _flip_beside_frozen(rt, router, monkeypatch, watch: Watch, child, at: str,
     assert not watch.problems, watch.problems
 
 
+@pytest.mark.slow
 def test_add_follower_frozen_at_each_step_while_the_board_flips(rt, router, hot_board,
                                                                  monkeypatch):
     """Bug (b), flip: a flip between the home write and the listed shard's write hid the
@@ -221,6 +223,7 @@ def _follow(router, board: int) -> dict:
             "shard": ids.shard_of(NEW_USER), "lo": NEW_USER, "hi": NEW_USER}
 
 
+@pytest.mark.slow
 def test_reverse_frozen_at_each_step_beside_a_rebalance(rt, router, hot_board, monkeypatch):
     """Bug (c): a reverse rebuild read the directory unlocked, and wrote home after the
     rebalance cleaned it, where no reader looks: the follower was lost."""
@@ -236,6 +239,7 @@ def test_reverse_frozen_at_each_step_beside_a_rebalance(rt, router, hot_board, m
         _assert_settled(router, board, expected)
 
 
+@pytest.mark.slow
 def test_reverse_killed_between_any_two_statements(rt, router, hot_board, monkeypatch):
     """Bug (c), crash: a reverse chunk killed while the board is being copied leaves no
     row where readers would find it once, or lose it; its retry writes it exactly once."""

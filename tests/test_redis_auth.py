@@ -18,6 +18,8 @@ import redis
 from tests.conftest import run_farm
 from tests.servers import free_port
 
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
+
 PASSWORD = "Redis-Pw-7f3a9c"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 JOB_MODULE = '''

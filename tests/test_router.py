@@ -106,6 +106,7 @@ def test_pool_recovers_when_every_idle_connection_was_killed(router, server_b):
     assert _connection_id(router, shard) > 0  # more dead idle connections than retries
 
 
+@pytest.mark.slow
 def test_frozen_transaction_is_rolled_back_so_the_heir_gets_its_locks(router, monkeypatch):
     """A worker frozen (or cut off) inside a fenced transaction must not hold the chunk's
     fence row for hours: the server ends its idle session, and the heir writes."""
@@ -143,6 +144,7 @@ def test_frozen_transaction_is_rolled_back_so_the_heir_gets_its_locks(router, mo
         f"DELETE FROM {shard_table(shard, 'chunk_fences')} WHERE run_id = 't-frozen'"))
 
 
+@pytest.mark.slow
 def test_pool_does_not_hand_out_a_connection_the_server_may_have_closed(router, monkeypatch):
     import time
 

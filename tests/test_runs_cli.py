@@ -4,11 +4,14 @@ import json
 import threading
 
 import pymysql
+import pytest
 
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
+
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
 
 
 def edges(base, n, count=50, **params):

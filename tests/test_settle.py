@@ -14,6 +14,8 @@ from jobs import enqueue_many
 from tests.conftest import run_farm
 from tests.farmkit import start_workers, stop, until
 
+pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
+
 LATE = '''
 from rq import get_current_job
 

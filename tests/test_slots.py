@@ -99,6 +99,7 @@ def slot(router, new: int) -> tuple[dict, int] | None:
     return (json.loads(rows[0][0]), rows[0][1]) if rows else None
 
 
+@pytest.mark.slow
 def test_a_new_small_legacy_id_never_lands_on_an_allocated_board(rt, settings, router):
     """The reproduced bug: a big-ID board got local 12899 from the first run; board 12899,
     added later, then replaced it. Now allocation starts at 2**35: both survive."""
@@ -116,6 +117,7 @@ def test_a_new_small_legacy_id_never_lands_on_an_allocated_board(rt, settings, r
     assert verify(rt, settings, second) == []
 
 
+@pytest.mark.slow
 def test_application_objects_never_collide_with_later_legacy_rows(rt, settings, router):
     """An object the application creates takes a slot no legacy ID can ever want."""
     add_boards(settings, 5)
@@ -134,6 +136,7 @@ def test_application_objects_never_collide_with_later_legacy_rows(rt, settings, 
     assert verify(rt, settings, run_id) == []
 
 
+@pytest.mark.slow
 def test_a_taken_slot_is_quarantined_and_left_alone(rt, settings, router, server_b):
     """A hand-made collision: the slot of legacy board 8 holds another object. Board 8 is
     quarantined ``local_id_taken`` with everything it would write; the row is untouched,
@@ -165,6 +168,7 @@ def test_a_taken_slot_is_quarantined_and_left_alone(rt, settings, router, server
     assert checksums(server_b.port) == before
 
 
+@pytest.mark.slow
 def test_verify_reports_two_claims_on_one_slot(rt, settings, router):
     """Two legacy IDs mapped to one new ID (the bug's end state) is an object mismatch,
     not only a mapping row's sequence."""
@@ -189,6 +193,7 @@ def test_verify_reports_two_claims_on_one_slot(rt, settings, router):
     assert claimed == {("12899", "boards"), (str(BIG), "boards")}
 
 
+@pytest.mark.slow
 def test_each_chunk_allocates_with_its_own_router(rt, settings, router, map_path, tmp_path,
                                                   monkeypatch):
     """A process's later chunk of the same run routes big-ID allocation with that chunk's

@@ -94,6 +94,7 @@ def _dsn(port: int, query: str, host: str = "127.0.0.1") -> DSN:
     return DSN.parse(f"mysql://root@{host}:{port}/mysql?{query}", what="FARM_LEGACY_DSN")
 
 
+@pytest.mark.slow
 def test_wrong_ca_is_refused_in_one_line_and_not_retried(tls_server):
     port, ca, other = tls_server
     conn = connect(_dsn(port, f"ssl_ca={ca}&ssl_verify=1"))

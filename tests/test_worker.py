@@ -47,6 +47,7 @@ def test_enqueue_refuses_a_function_outside_the_allow_list_in_one_line(env, conn
     assert not conn.exists("rq:queue:farm")
 
 
+@pytest.mark.slow
 def test_workers_never_run_or_import_what_is_written_into_redis(env, conn, tmp_path):
     """A raw rq job of any function, a farm batch of a forbidden function, a farm batch that
     names a callback, a pickle, and a dead worker's job whose failure callback names a
@@ -84,6 +85,7 @@ def test_workers_never_run_or_import_what_is_written_into_redis(env, conn, tmp_p
     assert conn.hlen("test:record") == 0 and "Traceback" not in out
 
 
+@pytest.mark.slow
 def test_status_names_every_worker_host(env, conn):
     proc = start_workers(env, 1)
     try:
@@ -97,6 +99,7 @@ def test_status_names_every_worker_host(env, conn):
     assert list(workers) == [socket.gethostname()] and "?" not in workers
 
 
+@pytest.mark.slow
 def test_a_scale_target_that_overrides_count_is_said(env, conn):
     assert run_farm(env, "scale", "2").returncode == 0
     proc = start_workers(env, 1)
@@ -109,6 +112,7 @@ def test_a_scale_target_that_overrides_count_is_said(env, conn):
     assert len(said) == 1 and "--count 1" in said[0] and "2 workers" in said[0]
 
 
+@pytest.mark.slow
 def test_workers_started_before_shards_init_say_so_once_and_wait(env, conn):
     env = {**env, "FARM_CONTROL_DSN": env["FARM_CONTROL_DSN"] + "_not_made_yet"}
     proc = start_workers(env, 1)
