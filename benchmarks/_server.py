@@ -6,14 +6,9 @@ port, ``stop()`` removes it), with the server options a shard host runs with.
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
-import time
-from pathlib import Path
-
 import pymysql
 
-from tests.servers import INSTALL_DB, MARIADBD, PrivateMariaDB, free_port, mysql_alive
+from tests.servers import PrivateMariaDB
 
 SHARD_HOST_OPTIONS: dict[str, str] = {
     "innodb-buffer-pool-size": "2G",
@@ -40,31 +35,7 @@ class ShardHostMariaDB(PrivateMariaDB):
         """
         options = {**SHARD_HOST_OPTIONS,
                    **{k.replace("_", "-"): v for k, v in overrides.items()}}
-        base = Path(tempfile.mkdtemp(prefix="farm-bench-mariadb-"))
-        datadir = base / "data"
-        subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
-                        "--auth-root-authentication-method=normal", "--skip-test-db"],
-                       check=True, capture_output=True)
-        port = free_port()
-        log = open(base / "error.log", "wb")  # noqa: SIM115 - lives as long as the server
-        proc = subprocess.Popen(
-            [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
-             "--bind-address=127.0.0.1", f"--socket={base / 'sock'}", "--user=root",
-             "--skip-log-bin", f"--pid-file={base / 'pid'}",
-             *(f"--{k}={v}" for k, v in options.items())],
-            stdout=log, stderr=subprocess.STDOUT)
-        server = cls(port, datadir, proc)
-        server._wait_alive(base)
-        return server
-
-    def _wait_alive(self, base: Path, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while mysql_alive(port=self.port) is not None:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = (base / "error.log").read_text(errors="replace").splitlines()[-5:]
-                self.stop()
-                raise RuntimeError("private mariadbd did not start: " + " | ".join(tail))
-            time.sleep(0.1)
+        return cls.launch(options, prefix="farm-bench-mariadb-")
 
     def variables(self) -> dict[str, str]:
         """The server variables a benchmark report shows (effective values)."""

@@ -74,6 +74,11 @@ class ChunkContext:
         successor's. ``FencedError`` if it was taken over or lost.
         """
         self.check()
+        self.renew()
+
+    def renew(self) -> None:
+        """Renew the lease for ``lease_seconds`` from now (the deadline moves with it);
+        ``FencedError``, and ``lost`` set, if another attempt took the chunk over."""
         since = time.monotonic()
         try:
             self.ledger.renew(self.lease, self.lease_seconds)

@@ -66,18 +66,15 @@ class Renewer:
                 return
             if ctx.time_limit is not None and time.monotonic() > ctx.time_limit:
                 return
-            since = time.monotonic()
             try:
-                ctx.ledger.renew(ctx.lease, ctx.lease_seconds)
+                ctx.renew()
             except FencedError:
-                ctx.lost.set()
                 return
             except Exception as exc:  # noqa: BLE001 - retried until the deadline, then stop
                 log.warning("could not renew lease of chunk %s: %s", ctx.chunk_id,
                             str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 wait = min(1.0, ctx.lease_seconds / 3)
             else:
-                ctx.extended(since)
                 wait = ctx.lease_seconds / 3
 
     def __enter__(self) -> Renewer:

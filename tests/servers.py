@@ -7,8 +7,10 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
 import pymysql
 import redis
@@ -52,8 +54,18 @@ class PrivateMariaDB:
 
     @classmethod
     def start(cls, buffer_pool: str = "128M") -> PrivateMariaDB:
-        """Initialise a data directory and start the server; waits until it answers."""
-        base = Path(tempfile.mkdtemp(prefix="farm-mariadb-"))
+        """A test server: small buffer pool, relaxed durability, LOCAL INFILE allowed."""
+        return cls.launch({"innodb-buffer-pool-size": buffer_pool,
+                           "innodb-flush-log-at-trx-commit": "2", "local-infile": "1",
+                           "max-connections": "500"})
+
+    @classmethod
+    def launch(cls, options: dict[str, str], *, prefix: str = "farm-mariadb-",
+               alive: Callable[[int], str | None] | None = None,
+               timeout: float = 60) -> Self:
+        """Initialise a data directory, start ``mariadbd`` with ``options`` (``--name=value``
+        each) on a free port, and wait until ``alive(port)`` is ``None``."""
+        base = Path(tempfile.mkdtemp(prefix=prefix))
         datadir = base / "data"
         subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
                         "--auth-root-authentication-method=normal", "--skip-test-db"],
@@ -63,16 +75,17 @@ class PrivateMariaDB:
         proc = subprocess.Popen(
             [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
              "--bind-address=127.0.0.1", f"--socket={base / 'sock'}", "--user=root",
-             "--skip-log-bin", f"--innodb-buffer-pool-size={buffer_pool}",
-             "--innodb-flush-log-at-trx-commit=2", "--local-infile=1",
-             "--max-connections=500", f"--pid-file={base / 'pid'}"],
+             "--skip-log-bin", f"--pid-file={base / 'pid'}",
+             *(f"--{k}={v}" for k, v in options.items())],
             stdout=log, stderr=subprocess.STDOUT)
         server = cls(port, datadir, proc)
-        deadline = time.monotonic() + 30
-        while mysql_alive(port=port) is not None:
+        deadline = time.monotonic() + timeout
+        alive = alive or (lambda p: mysql_alive(port=p))
+        while alive(port) is not None:
             if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (base / "error.log").read_text(errors="replace").splitlines()[-5:]
                 server.stop()
-                raise RuntimeError(f"private mariadbd did not start; see {base / 'error.log'}")
+                raise RuntimeError("private mariadbd did not start: " + " | ".join(tail))
             time.sleep(0.1)
         return server
 

@@ -21,7 +21,7 @@ from shardfarm.mysql.db import connect, ensure_database
 from shardfarm.mysql.dsn import DSN
 from sharding.mapsource import ShardMapSource
 from sharding.router import Router
-from tests.servers import INSTALL_DB, MARIADBD, free_port
+from tests.servers import PrivateMariaDB
 
 
 def _openssl(*args: str) -> None:
@@ -46,6 +46,16 @@ def _server_cert(where: Path, ca: tuple[Path, Path]) -> tuple[Path, Path]:
     return cert, key
 
 
+def _tls_alive(port: int, ca: Path) -> str | None:
+    """``None`` when the server answers over TLS verified by ``ca``, else the reason."""
+    try:
+        pymysql.connect(host="127.0.0.1", port=port, user="root", connect_timeout=2,
+                        ssl_ca=str(ca)).close()
+        return None
+    except pymysql.MySQLError as exc:
+        return str(exc)
+
+
 @pytest.fixture(scope="module")
 def tls_server():
     """``(port, ca, other_ca)``: a mariadbd requiring TLS, the CA of its certificate and an
@@ -54,33 +64,12 @@ def tls_server():
     ca = _ca(base, "farm-test-ca")
     other = _ca(base, "other-ca")
     cert, key = _server_cert(base, ca)
-    datadir = base / "data"
-    subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
-                    "--auth-root-authentication-method=normal", "--skip-test-db"],
-                   check=True, capture_output=True)
-    port = free_port()
-    log = open(base / "error.log", "wb")  # noqa: SIM115 - lives as long as the server
-    proc = subprocess.Popen(
-        [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
-         "--bind-address=127.0.0.1", f"--socket={base / 'sock'}", "--user=root",
-         "--skip-log-bin", "--innodb-buffer-pool-size=32M", f"--pid-file={base / 'pid'}",
-         f"--ssl-ca={ca[0]}", f"--ssl-cert={cert}", f"--ssl-key={key}",
-         "--require-secure-transport=ON"], stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            pymysql.connect(host="127.0.0.1", port=port, user="root", connect_timeout=2,
-                            ssl_ca=str(ca[0])).close()
-            break
-        except pymysql.MySQLError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"TLS mariadbd did not start; see {base / 'error.log'}")
-            time.sleep(0.1)
-    yield port, ca[0], other[0]
-    proc.terminate()
-    proc.wait(timeout=30)
-    log.close()
+    server = PrivateMariaDB.launch(
+        {"innodb-buffer-pool-size": "32M", "ssl-ca": str(ca[0]), "ssl-cert": str(cert),
+         "ssl-key": str(key), "require-secure-transport": "ON"},
+        prefix="farm-tls-", alive=lambda port: _tls_alive(port, ca[0]), timeout=30)
+    yield server.port, ca[0], other[0]
+    server.stop()
     shutil.rmtree(base, ignore_errors=True)
 
 
