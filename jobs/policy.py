@@ -34,6 +34,14 @@ CHUNK_FUNCTION = "jobs.chunk.run_chunk"
 _HANDLER_MODULES = ("loaders.migration.migrate", "loaders.migration.verify",
                     "loaders.mappings.reverse", "loaders.mappings.rebalance", "loaders.feeds",
                     "exporters.export")
+# Runs record their handler by name in the control database: a run started before the
+# handlers moved still names the old module, and is served by the same function.
+RENAMED_HANDLERS = {
+    "loaders.migrate.load_chunk": "loaders.migration.migrate.load_chunk",
+    "loaders.verify.verify_chunk": "loaders.migration.verify.verify_chunk",
+    "loaders.reverse.reverse_chunk": "loaders.mappings.reverse.reverse_chunk",
+    "loaders.rebalance.rebalance_board": "loaders.mappings.rebalance.rebalance_board",
+}
 _DOTTED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*$")
 
 
@@ -97,6 +105,8 @@ class JobPolicy:
 
     def handler_refusal(self, dotted: object) -> str | None:
         """Why a run's chunk handler may not run (``None``: it may)."""
+        if isinstance(dotted, str):
+            dotted = RENAMED_HANDLERS.get(dotted, dotted)
         return self._refuse(dotted, farm_handlers(), "chunk handler")
 
     def load_item(self, dotted: str) -> Callable:
@@ -104,7 +114,9 @@ class JobPolicy:
         return self._load(dotted, self.item_refusal(dotted), CHUNK_FUNCTION)
 
     def load_handler(self, dotted: str) -> Callable:
-        """The chunk handler ``dotted``, checked before and after import."""
+        """The chunk handler ``dotted`` (under its current name if it moved), checked before
+        and after import."""
+        dotted = RENAMED_HANDLERS.get(dotted, dotted)
         return self._load(dotted, self.handler_refusal(dotted), *farm_handlers())
 
     def _load(self, dotted: str, refusal: str | None, *own: str) -> Callable:

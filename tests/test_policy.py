@@ -116,3 +116,12 @@ def test_farm_jobs_never_import_callbacks_or_foreign_functions(conn, marker):
         job.func  # noqa: B018 - the property is the gate
     assert not marker.exists()
     assert conn.hget(job.key, "failure_callback_name") == b"tests.evil_import.run"
+
+
+def test_runs_recorded_before_the_handlers_moved_are_served_by_the_same_functions():
+    from jobs.policy import RENAMED_HANDLERS
+    policy = JobPolicy()
+    for old, new in RENAMED_HANDLERS.items():
+        assert policy.handler_refusal(old) is None
+        assert policy.load_handler(old) is policy.load_handler(new)
+    assert policy.handler_refusal("loaders.migrate.os") is not None  # only those names
