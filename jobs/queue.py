@@ -27,11 +27,11 @@ from jobs import accounting
 from jobs.farmjob import FarmJob
 from jobs.policy import ENTRY_POINT, JobPolicy
 from shardfarm.errors import FatalError
-from shardfarm.retry import backoff_ceiling
 
 JOB_RETRIES = 3  # deliveries of a batch job after its worker died or its time ran out
-# rq takes fixed intervals: the ceilings of the farm's one backoff formula (5, 10, 20 s)
-RETRY_INTERVALS = tuple(int(backoff_ceiling(n, 5.0, 600.0)) for n in range(JOB_RETRIES))
+# rq takes fixed intervals, not a formula: spread over about two and a half minutes, so a
+# short outage (a server restarting) does not use up a batch's re-deliveries
+RETRY_INTERVALS = (5, 30, 120)
 FAILURE_TTL = 7 * 24 * 3600
 JOB_TIMEOUT = 3600
 JOBS_PER_ROUND_TRIP = 50

@@ -13,30 +13,28 @@ from sharding.router import Router
 
 @dataclass
 class App:
-    """Lazily built shared objects of one CLI invocation."""
+    """Lazily built shared objects of one CLI invocation: nothing is read or connected until
+    a command asks (so a usage mistake is found before the shard map or a server is)."""
 
     settings: Settings
     _closers: list = field(default_factory=list)
 
     @cached_property
-    def source(self) -> ShardMapSource:
-        """The shard map, reloaded when its file changes."""
-        return ShardMapSource(self.settings.shardmap_path)
+    def runtime(self) -> Runtime:
+        """Router, ledger and Redis as the jobs use them, each built on first use."""
+        rt = Runtime(self.settings)
+        self._closers.append(rt.close)
+        return rt
 
     @cached_property
     def router(self) -> Router:
-        """Pooled connections to the shard map's servers."""
-        router = Router(self.source)
-        self._closers.append(router.close)
-        return router
+        """Pooled connections to the shard map's servers (the runtime's)."""
+        return self.runtime.router
 
     @cached_property
-    def runtime(self) -> Runtime:
-        """Router, ledger and Redis as the jobs use them."""
-        rt = Runtime(self.settings)
-        rt.__dict__["router"] = self.router  # share one set of pools
-        self._closers.append(rt.close)
-        return rt
+    def source(self) -> ShardMapSource:
+        """The shard map, reloaded when its file changes (the router's)."""
+        return self.router.source
 
     def close(self) -> None:
         """Release every pooled connection."""

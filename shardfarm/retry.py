@@ -77,8 +77,7 @@ def backoff(attempts: int, base: float = 2.0, cap: float = 300.0) -> float:
     a random time between ``base`` and ``backoff_ceiling`` (so retries spread out).
 
     The farm's one backoff formula: statements retried in place (``RetryPolicy``),
-    chunks going back to ``pending``, deferred items, and rq's retry intervals of a
-    batch job whose worker died (their ceilings: rq takes fixed intervals).
+    chunks going back to ``pending``, and deferred items.
     """
     ceiling = backoff_ceiling(attempts, base, cap)
     return random.uniform(min(base, ceiling), ceiling)

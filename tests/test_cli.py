@@ -94,6 +94,17 @@ def test_usage_mistakes_exit_2(farm_env, router):
     _usage_error(run_farm(farm_env, "id", "encode", "1", "nope", "1"), "nope")
 
 
+def test_usage_mistakes_are_found_before_the_shard_map_is_read(farm_env, tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    env = {**farm_env, "FARM_SHARDMAP": str(broken)}
+    _usage_error(run_farm(env, "export", "--date", "2026-02-30"), "bad export date")
+    _usage_error(run_farm(env, "cron", "--at", "bad", "--once"), "bad cron expression")
+    _usage_error(run_farm(env, "feeds", "rebuild", "--users", "x"), "not an integer")
+    out = run_farm(env, "export", "--date", "2026-02-03")
+    assert out.returncode == 1 and "broken.json" in out.stderr, out.stderr  # then the map
+
+
 @pytest.mark.slow
 def test_configuration_mistakes_exit_1_in_one_line(farm_env, tmp_path):
     bad_map = tmp_path / "shape.json"
