@@ -11,7 +11,6 @@ import signal
 
 import pymysql
 import pytest
-import redis
 
 from exporters import export as exporter
 from exporters.destinations import FileDestination, open_destination
@@ -20,7 +19,6 @@ from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger
 from jobs import runs
 from jobs.lifecycle import Renewer
-from jobs.runtime import Runtime
 from shardfarm.errors import FencedError, RetryableError
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
@@ -30,18 +28,8 @@ FROZEN = "tests.kinds.export_frozen"
 
 
 @pytest.fixture
-def env(farm_env, ledger, s3):  # noqa: F811 - the s3 fixture
-    e = {**farm_env, **s3["env"], "FARM_LEASE_SECONDS": "3", "FARM_LOG_LEVEL": "INFO"}
-    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
-    yield e
-    redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
-
-
-@pytest.fixture
-def rt(settings, env):
-    r = Runtime(settings)
-    yield r
-    r.close()
+def env(env, s3):  # noqa: F811 - the suite's env, with the S3 server's
+    return {**env, **s3["env"]}
 
 
 def _params(dest_url: str, **extra) -> dict:

@@ -133,29 +133,39 @@ def test_stale_rebalancer_stops_instead_of_moving_the_board_back(settings, rt, r
     assert sorted(_all_followers(router, board)) == sorted(expected)
 
 
-@pytest.mark.slow
-def test_add_follower_killed_between_any_two_statements(rt, router, hot_board, monkeypatch):
-    """Bug (b), crash: home and listed shard were written in two transactions; a writer
-    killed between them while the board was being copied lost the follower at the flip."""
+def _killed_at_each_step(rt, router, monkeypatch, hot_board, step: str, args: dict,
+                         retry) -> None:
+    """For each statement of ``step`` after the copy: a child running it is killed just
+    before that statement while the board is rebalanced; readers never see the new follower
+    twice, keep seeing it once it was visible, and see it exactly once after ``retry()``."""
     board, expected = hot_board
-    args = {"shardmap": str(router.source.path), "board": board, "user": NEW_USER,
-            "sequence": NEW_SEQ}
-    trace = _steps_after_copy(rt, router, monkeypatch, board, expected, "add_follower", args)
+    trace = _steps_after_copy(rt, router, monkeypatch, board, expected, step, args)
     for n in range(1, len(trace) + 1):
         _reset(router, board, expected)
         watch, at = Watch(router, board, expected), f"killed before step {n} {trace[n - 1]!r}"
         before = []
 
         def kill(n=n, watch=watch, at=at, before=before):
-            faults.run_killed("add_follower", args, n)
+            faults.run_killed(step, args, n)
             before.append(watch.new_visible(at))
         _rebalance(rt, router, monkeypatch, after_copy=kill,
                    on_state=lambda s, w=watch, at=at, b=before: b and w.expect(f"{at}, {s}", b[0]))
         assert not watch.problems, watch.problems
-        hotspot.add_follower(router, board, NEW_USER, NEW_SEQ)  # the client retries
+        retry()
         watch.expect(f"{at}, retried", True)
         assert not watch.problems, watch.problems
         _assert_settled(router, board, expected)
+
+
+@pytest.mark.slow
+def test_add_follower_killed_between_any_two_statements(rt, router, hot_board, monkeypatch):
+    """Bug (b), crash: home and listed shard were written in two transactions; a writer
+    killed between them while the board was being copied lost the follower at the flip."""
+    board, _ = hot_board
+    args = {"shardmap": str(router.source.path), "board": board, "user": NEW_USER,
+            "sequence": NEW_SEQ}
+    _killed_at_each_step(rt, router, monkeypatch, hot_board, "add_follower", args,
+                         lambda: hotspot.add_follower(router, board, NEW_USER, NEW_SEQ))
 
 
 def _flip_beside_frozen(rt, router, monkeypatch, watch: Watch, child, at: str,
@@ -243,24 +253,9 @@ def test_reverse_frozen_at_each_step_beside_a_rebalance(rt, router, hot_board, m
 def test_reverse_killed_between_any_two_statements(rt, router, hot_board, monkeypatch):
     """Bug (c), crash: a reverse chunk killed while the board is being copied leaves no
     row where readers would find it once, or lose it; its retry writes it exactly once."""
-    board, expected = hot_board
-    args = _follow(router, board)
-    trace = _steps_after_copy(rt, router, monkeypatch, board, expected, "reverse", args)
-    for n in range(1, len(trace) + 1):
-        _reset(router, board, expected)
-        watch, at = Watch(router, board, expected), f"killed before step {n} {trace[n - 1]!r}"
-        before = []
-
-        def kill(n=n, watch=watch, at=at, before=before):
-            faults.run_killed("reverse", args, n)
-            before.append(watch.new_visible(at))
-        _rebalance(rt, router, monkeypatch, after_copy=kill,
-                   on_state=lambda s, w=watch, at=at, b=before: b and w.expect(f"{at}, {s}", b[0]))
-        assert not watch.problems, watch.problems
-        _reverse(rt, router, [FOLLOWERS])  # the chunk is dispatched again
-        watch.expect(f"{at}, retried", True)
-        assert not watch.problems, watch.problems
-        _assert_settled(router, board, expected)
+    board, _ = hot_board
+    _killed_at_each_step(rt, router, monkeypatch, hot_board, "reverse", _follow(router, board),
+                         lambda: _reverse(rt, router, [FOLLOWERS]))  # dispatched again
 
 
 @pytest.fixture(autouse=True)
