@@ -150,6 +150,28 @@ class Ledger:
         return [r[0] for r in self.pool.query(
             f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s", (limit,))]
 
+    def list_runs(self, kind: str | None = None, limit: int = 50) -> list[dict]:
+        """The newest ``limit`` runs (of ``kind``), each with its chunks done and failed and
+        the rows it wrote; the chunk totals are read for those runs only."""
+        where, params = ("WHERE kind = %s", [kind]) if kind else ("", [])
+        cols = ("run_id", "kind", "status", "paused", "total_chunks", "created_at",
+                "finished_at")
+        runs = [dict(zip(cols, r, strict=True)) for r in self.pool.query(
+            f"SELECT {', '.join(cols)} FROM runs {where} ORDER BY created_at DESC LIMIT %s",
+            [*params, limit])]
+        if not runs:
+            return []
+        marks = ",".join(["%s"] * len(runs))
+        done = {r[0]: r[1:] for r in self.pool.query(
+            "SELECT run_id, SUM(state = 'done'), SUM(state = 'failed'), SUM(rows_written) "
+            f"FROM chunks WHERE run_id IN ({marks}) GROUP BY run_id",
+            [r["run_id"] for r in runs])}
+        for r in runs:
+            d, f, w = done.get(r["run_id"], (0, 0, 0))
+            r.update(paused=bool(r["paused"]), chunks_done=int(d or 0),
+                     chunks_failed=int(f or 0), rows_written=int(w or 0))
+        return runs
+
     def set_paused(self, run_id: str, paused: bool) -> None:
         """Pause or unpause a run: workers take no new chunks of a paused run."""
         self.run(run_id)

@@ -1,4 +1,4 @@
-"""``farm migrate``, ``farm verify`` and ``farm quarantine``."""
+"""``farm migrate``, ``farm verify``, ``farm mismatches`` and ``farm quarantine``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.follow import finish, wait_with_progress
 from scripts.options import emit, farm_options
-from scripts.render import note
+from scripts.render import echo_lines, mismatch_lines, note
 from shardfarm.errors import ConfigError
 from workers import launch
 
@@ -32,8 +32,10 @@ def migrate(app: App, chunk_size: int, wait: bool) -> None:
 
 @click.command("verify")
 @click.option("--run", "run_id", default=None, help="The migrate run to check (default: latest).")
+@click.option("--show", default=50, show_default=True, type=click.IntRange(min=0),
+              help="Mismatches printed (all of them: 'farm mismatches').")
 @farm_options
-def verify(app: App, run_id: str | None) -> None:
+def verify(app: App, run_id: str | None, show: int) -> None:
     """Compare the target with the legacy source, chunk by chunk; exit 0 only on a full match.
 
     Runs as a resumable run on the workers, prints each mismatch with its legacy
@@ -41,13 +43,37 @@ def verify(app: App, run_id: str | None) -> None:
     """
     rt = app.runtime
     vid, of_run = launch.verify(rt, run_id, notice=note)
-    outcome = launch.verify_outcome(rt, vid, of_run, wait_with_progress(rt, vid))
-    for m in outcome.examples:
-        click.echo(f"mismatch {m['legacy_table']} {m['legacy_key']} {m['target']}: "
-                   f"{m['problem']}")
+    outcome = launch.verify_outcome(rt, vid, of_run, wait_with_progress(rt, vid), show)
+    echo_lines(mismatch_lines(outcome.examples))
+    more = outcome.summary["mismatches"] - len(outcome.examples)
+    if more > 0:
+        click.echo(f"… and {more:,} more mismatch(es): 'farm mismatches --run {vid}' lists "
+                   "them all")
     emit(outcome.summary)
     if not outcome.ok:
         sys.exit(1)
+
+
+@click.command("mismatches")
+@click.option("--run", "run_id", default=None, help="A verify run (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
+@click.option("--limit", default=100_000, show_default=True, type=click.IntRange(min=1),
+              help="At most this many rows.")
+@farm_options
+def mismatches(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
+    """List what a verify run found different, each with its legacy table and key."""
+    ledger = app.runtime.ledger
+    run_id = run_id or ledger.latest_run("verify")
+    if not run_id:
+        raise ConfigError("no verify run yet")
+    n, rows = ledger.mismatches.of_run(run_id, limit)
+    if as_json:
+        for r in rows:
+            emit(r)
+        return
+    echo_lines(mismatch_lines(rows) or [f"no mismatches in {run_id}"])
+    if n > len(rows):
+        click.echo(f"… and {n - len(rows):,} more (raise --limit)")
 
 
 @click.command("quarantine")
@@ -76,5 +102,5 @@ def quarantine(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
 
 def register(cli: click.Group) -> None:
     """Attach this module's commands."""
-    for cmd in (migrate, verify, quarantine):
+    for cmd in (migrate, verify, mismatches, quarantine):
         cli.add_command(cmd)

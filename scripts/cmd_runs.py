@@ -1,7 +1,9 @@
-"""Operating runs: ``status``, ``resume``, ``pause``, ``unpause``, ``failed``, ``retry-failed``."""
+"""Operating runs: ``status``, ``runs``, ``resume``, ``pause``, ``unpause``, ``failed``,
+``retry-failed``."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import click
@@ -10,7 +12,7 @@ from jobs import recovery, runs, status
 from scripts.app import App
 from scripts.follow import finish
 from scripts.options import emit, farm_options
-from scripts.render import echo_lines, status_lines
+from scripts.render import compact, echo_lines, runs_lines, status_lines
 
 
 @click.command("status")
@@ -31,6 +33,24 @@ def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None
         if not watch:
             return
         time.sleep(2)
+
+
+@click.command("runs")
+@click.option("--kind", default=None, metavar="KIND",
+              help="Only runs of this kind (migrate, verify, reverse, rebalance, feeds, export).")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
+              help="The newest this many runs.")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
+@farm_options
+def runs_cmd(app: App, kind: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first: kind, state, chunks done, rows written, when."""
+    listed = app.runtime.ledger.list_runs(kind, limit)
+    if not as_json:
+        echo_lines(runs_lines(listed))
+        return
+    for r in listed:
+        emit({**r, "created_at": str(r["created_at"]),
+              "finished_at": str(r["finished_at"]) if r["finished_at"] else None})
 
 
 @click.command("resume")
@@ -77,8 +97,19 @@ def failed(app: App, run_id: str | None, as_json: bool) -> None:
         else:
             where = f"{r['run_id']} chunk {r['chunk_id']}" if "chunk_id" in r else r["where"]
             click.echo(f"{where} ({r['kind']}, {r['attempts']} attempts): {r['last_error']}")
+            click.echo(f"    arguments: {compact(_arguments(r['args']))}")
     if not rows and not as_json:
         click.echo("no failures")
+
+
+def _arguments(args: object) -> object:
+    """A chunk's arguments as stored (JSON text in the ledger), or an item's as they are."""
+    if isinstance(args, str | bytes):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args
 
 
 @click.command("retry-failed")
@@ -95,5 +126,5 @@ def retry_failed(app: App, run_id: str | None) -> None:
 
 def register(cli: click.Group) -> None:
     """Attach this module's commands."""
-    for cmd in (status_cmd, resume, pause, unpause, failed, retry_failed):
+    for cmd in (status_cmd, runs_cmd, resume, pause, unpause, failed, retry_failed):
         cli.add_command(cmd)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -71,6 +72,41 @@ class RunProgress:
     def close(self) -> None:
         """Finish the bar."""
         self.bar.close()
+
+
+def runs_lines(runs: list[dict]) -> list[str]:
+    """The lines of ``farm runs``: one per run, newest first."""
+    if not runs:
+        return ["no runs"]
+    lines = [f"{'run':<34} {'kind':<10} {'status':<8} {'chunks done':>16} "
+             f"{'rows written':>13}  {'started (UTC)':<19}  finished"]
+    for r in runs:
+        state = r["status"] + ("*" if r["paused"] else "")
+        chunks = f"{r['chunks_done']:,}/{r['total_chunks']:,}" + (
+            f" ({r['chunks_failed']:,} failed)" if r["chunks_failed"] else "")
+        lines.append(f"{r['run_id']:<34} {r['kind']:<10} {state:<8} {chunks:>16} "
+                     f"{r['rows_written']:>13,}  {_when(r['created_at'])}  "
+                     f"{_when(r['finished_at'])}")
+    if any(r["paused"] for r in runs):
+        lines.append("* paused: 'farm unpause RUN_ID' lets workers take its chunks again")
+    return lines
+
+
+def mismatch_lines(rows: list[dict]) -> list[str]:
+    """One line per verify mismatch: legacy table and key, the target, what differs."""
+    return [f"mismatch {m['legacy_table']} {m['legacy_key']} {m['target']}: {m['problem']}"
+            for m in rows]
+
+
+def _when(at: object) -> str:
+    """A DATETIME as ``2026-11-24 15:42:09``, or ``-``."""
+    return str(at)[:19] if at else "-"
+
+
+def compact(args: object, width: int = 200) -> str:
+    """Arguments as one line of JSON, cut to ``width`` characters."""
+    text = json.dumps(args, ensure_ascii=False, sort_keys=True, default=str)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def echo_lines(lines: list[str]) -> None:

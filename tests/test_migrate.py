@@ -88,25 +88,32 @@ def test_second_full_run_changes_nothing(migrated, farm_env, server_b):
 def test_verify_reports_corruption_with_legacy_key(migrated, farm_env, settings, router):
     conn = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn))
     with conn.cursor() as cur:
-        cur.execute("SELECT id FROM pins WHERE id < (1 << 35) ORDER BY id LIMIT 1")
-        (pin_legacy,) = cur.fetchone()
+        cur.execute("SELECT id FROM pins WHERE id < (1 << 35) ORDER BY id LIMIT 2")
+        tampered = [r[0] for r in cur.fetchall()]
     conn.close()
     from sharding.shardmap import ShardMap
     shardmap = router.shardmap
     assert isinstance(shardmap, ShardMap)
-    hit = None
-    for s in shardmap.shards():
-        n = router.run(s, lambda cur, s=s: cur.execute(
-            f"UPDATE `db{s:05d}`.`pins` SET data = JSON_SET(data, '$.details', 'tampered') "
-            "WHERE local_id = %s", (pin_legacy,)))
-        if n:
-            hit = s
-            break
-    assert hit is not None
+    hits = 0
+    for pin_legacy in tampered:
+        for s in shardmap.shards():
+            n = router.run(s, lambda cur, s=s, p=pin_legacy: cur.execute(
+                f"UPDATE `db{s:05d}`.`pins` SET data = JSON_SET(data, '$.details', 'tampered') "
+                "WHERE local_id = %s AND JSON_VALUE(data, '$.legacy_id') = %s", (p, p)))
+            hits += n
+    assert hits == 2
     try:
-        out = run_farm(farm_env, "verify", timeout=600)
+        out = run_farm(farm_env, "verify", "--show", "1", timeout=600)
         assert out.returncode == 1
-        assert f"mismatch pins {pin_legacy} pins: data differs: details" in out.stdout
+        shown = [p for p in tampered
+                 if f"mismatch pins {p} pins: data differs: details" in out.stdout]
+        assert len(shown) == 1, out.stdout  # one shown, then where to find the rest
+        vid = json.loads(out.stdout.strip().splitlines()[-1])["run_id"]
+        assert f"and 1 more mismatch(es): 'farm mismatches --run {vid}'" in out.stdout
+        listed = run_farm(farm_env, "mismatches", "--run", vid)
+        assert listed.returncode == 0, listed.stderr
+        assert all(f"mismatch pins {p} pins: data differs: details" in listed.stdout
+                   for p in tampered)
     finally:
         run_farm(farm_env, "migrate", "--wait", timeout=600)  # repair by re-running
     assert run_farm(farm_env, "verify", timeout=600).returncode == 0

@@ -1,4 +1,4 @@
-"""Operating runs from the command line: status, pause, throttle, failed, retry-failed."""
+"""Operating runs from the command line: status, runs, pause, throttle, failed, retry-failed."""
 
 import json
 import threading
@@ -84,6 +84,7 @@ def test_failed_and_retry_failed(rt, env):
     proc.wait(timeout=60)
     out = run_farm(env, "failed", "--run", run_id)
     assert "FatalError: boom on purpose" in out.stdout and "1 attempts" in out.stdout
+    assert 'arguments: {"fatal": true}' in out.stdout  # what the chunk was asked to do
     assert rt.ledger.refresh_status(run_id) == "failed"
     out = run_farm(env, "retry-failed", "--run", run_id)
     assert json.loads(out.stdout) == {"chunks": 1, "items": 0, "not_retried": 0}
@@ -102,3 +103,22 @@ def test_transient_failure_backs_off_then_fails_after_bounded_attempts(rt, env):
         stop(proc)
     chunk = rt.ledger.chunk(run_id, 0)
     assert chunk["attempts"] == 2 and "RetryableError" in chunk["last_error"]
+
+
+def test_runs_lists_every_run_newest_first_with_its_chunks(rt, env):
+    made = [runs.start(rt, "listing", "tests.kinds.write_edges", edges(7_000_000 + 1000 * i, 2))
+            for i in range(7)]  # more than 'farm status' shows
+    rt.ledger.set_paused(made[-1], True)
+    out = run_farm(env, "runs", "--kind", "listing", "--limit", "6", "--json")
+    assert out.returncode == 0, out.stderr
+    listed = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["run_id"] for r in listed] == made[::-1][:6]
+    assert all((r["kind"], r["total_chunks"], r["chunks_done"]) == ("listing", 2, 0)
+               for r in listed)
+    assert listed[0]["paused"] and not listed[1]["paused"]
+    table = run_farm(env, "runs", "--kind", "listing")
+    assert table.returncode == 0 and all(run_id in table.stdout for run_id in made)
+    assert "0/2" in table.stdout and "farm unpause RUN_ID" in table.stdout
+    for run_id in made:
+        rt.ledger.set_paused(run_id, True)  # no later test's workers take them
+    assert "no runs" in run_farm(env, "runs", "--kind", "nothing-of-this-kind").stdout
