@@ -12,6 +12,7 @@ the destination's root (``users/dt=2026-11-21/part-00007.jsonl.gz``).
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import logging
 import os
@@ -131,6 +132,7 @@ class FileWriter(PartWriter):
     def __init__(self, target: Path, fence: Fence = _no_fence) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         self.target, self.fence = target, fence
+        _drop_stale_temps(target)
         self.tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed at commit or abort
 
@@ -154,6 +156,16 @@ class FileWriter(PartWriter):
             self.f.close()
         with suppress(FileNotFoundError):
             self.tmp.unlink()
+
+
+def _drop_stale_temps(target: Path) -> None:
+    """Delete the temp files earlier attempts at ``target`` left (a SIGKILLed writer cannot
+    clean up). Only the attempt holding the chunk's lease writes a part, so any other temp
+    file of it is a dead attempt's, or a fenced-out zombie's that would fail its fence
+    before the rename anyway (and then finds nothing to delete)."""
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+        with suppress(FileNotFoundError):
+            stale.unlink()
 
 
 class FileDestination(Destination):
