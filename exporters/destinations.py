@@ -98,6 +98,11 @@ class Destination(ABC):
         """Whether the object exists."""
         return self.size(key) is not None
 
+    def drop_leftovers(self, key: str) -> None:
+        """Before an export part is written again: remove what earlier, dead attempts at
+        ``key`` left behind (nothing by default: an unfinished S3 upload is invisible)."""
+        return None
+
     def put(self, key: str, data: bytes, fence: Fence = _no_fence) -> None:
         """Write a small object whole (manifest, ``_SUCCESS``), ``fence`` checked last."""
         with self.open_part(key, fence) as w:
@@ -132,7 +137,6 @@ class FileWriter(PartWriter):
     def __init__(self, target: Path, fence: Fence = _no_fence) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         self.target, self.fence = target, fence
-        _drop_stale_temps(target)
         self.tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed at commit or abort
 
@@ -158,16 +162,6 @@ class FileWriter(PartWriter):
             self.tmp.unlink()
 
 
-def _drop_stale_temps(target: Path) -> None:
-    """Delete the temp files earlier attempts at ``target`` left (a SIGKILLed writer cannot
-    clean up). Only the attempt holding the chunk's lease writes a part, so any other temp
-    file of it is a dead attempt's, or a fenced-out zombie's that would fail its fence
-    before the rename anyway (and then finds nothing to delete)."""
-    for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
-        with suppress(FileNotFoundError):
-            stale.unlink()
-
-
 class FileDestination(Destination):
     """A directory tree (the embedded default, ``file://<cwd>/exports``)."""
 
@@ -183,6 +177,16 @@ class FileDestination(Destination):
 
     def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
         return FileWriter(self._path(key), fence)
+
+    def drop_leftovers(self, key: str) -> None:
+        """Delete the temp files of ``key`` (a SIGKILLed writer cannot clean up). Only the
+        attempt holding a part's chunk lease writes that part, so another temp file of it
+        is a dead attempt's, or a fenced-out zombie's that fails its fence before the
+        rename anyway (and then finds nothing to delete)."""
+        target = self._path(key)
+        for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
+            with suppress(FileNotFoundError):
+                stale.unlink()
 
     def sha256(self, key: str) -> str | None:
         try:

@@ -137,6 +137,7 @@ def dump_part(host: Host, shard: int, table: str, fmt: str, dest: Destination, k
     once whole. ``check`` runs between batches (a chunk's lease check), ``fence``
     immediately before the part becomes visible (default: ``check``)."""
     kind = "object" if table in OBJECT_TABLES else "mapping"
+    dest.drop_leftovers(key)  # a dead attempt's temp file of this part
     with dump.snapshot(host, shard) as conn, dest.open_part(key, fence or check) as w:
         out = formats.Hashed(w)
         source = (dump.lines(conn, table, shard) if fmt == "jsonl"

@@ -172,6 +172,22 @@ def env(farm_env, ledger, router) -> dict[str, str]:
     redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
 
 
+def park_unfinished_runs(ledger, keep: set[str] = frozenset()) -> None:
+    """Pause every unfinished run of the session's ledger but ``keep``: no worker of a later
+    test runs their chunks, and ``farm retry-failed`` leaves them alone."""
+    for run_id in set(ledger.runs(limit=1000, unfinished=True)) - keep:
+        ledger.set_paused(run_id, True)
+
+
+@pytest.fixture
+def park_leftover_runs(ledger):
+    """After the test, pause the runs it left unfinished (workers of later tests serve the
+    whole session's ledger)."""
+    before = set(ledger.runs(limit=1000, unfinished=True))
+    yield
+    park_unfinished_runs(ledger, keep=before)
+
+
 @pytest.fixture
 def rt(settings, env):
     """A runtime (router, ledger, Redis) of the test setup, closed after the test."""

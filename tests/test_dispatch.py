@@ -21,14 +21,7 @@ from workers import maintenance
 HANDLER = "tests.kinds.write_edges"
 
 
-@pytest.fixture(autouse=True)
-def _park_leftover_runs(rt):
-    """Runs a test leaves unfinished are paused after it, so no later test's workers (which
-    serve the whole session's ledger) run their chunks."""
-    before = set(rt.ledger.runs(limit=1000, unfinished=True))
-    yield
-    for run_id in set(rt.ledger.runs(limit=1000, unfinished=True)) - before:
-        rt.ledger.set_paused(run_id, True)
+pytestmark = pytest.mark.usefixtures("park_leftover_runs")
 
 
 def _make_run(rt: Runtime, base: int, n: int) -> str:

@@ -300,21 +300,23 @@ def test_file_destination_renames_and_abort_leaves_no_temp(tmp_path):
     assert dest.list("t/") == ["t/dt=x/part-00001.jsonl.gz"]
 
 
-def test_a_part_written_again_drops_what_a_killed_writer_left(tmp_path):
+def test_a_part_written_again_drops_what_a_killed_writer_left(router, data, tmp_path):
     """A writer SIGKILLed mid-part leaves its temp file; the next attempt at that part
-    removes it (and only temp files of that part)."""
-    folder = tmp_path / "t" / "dt=x"
+    removes it (and only temp files of that part; a manifest's writers are left alone)."""
+    shard = data[0]
+    folder = tmp_path / "users" / "dt=x"
     folder.mkdir(parents=True)
-    dead = folder / ".part-00001.jsonl.gz.tmp-4242-abcdef"
-    other = folder / ".part-00002.jsonl.gz.tmp-4242-abcdef"
-    dead.write_bytes(b"half")
-    other.write_bytes(b"half")
+    name = f"part-{shard:05d}.jsonl.gz"
+    dead = folder / f".{name}.tmp-4242-abcdef"
+    others = [folder / f".part-{shard + 1:05d}.jsonl.gz.tmp-4242-abcdef",
+              folder / "._manifest.json.tmp-4242-abcdef"]
+    for f in (dead, *others):
+        f.write_bytes(b"half")
     dest = FileDestination(tmp_path)
-    w = dest.open_part("t/dt=x/part-00001.jsonl.gz")
-    w.write(b"whole")
-    w.commit()
-    assert not dead.exists() and other.exists()
-    assert dest.read("t/dt=x/part-00001.jsonl.gz") == b"whole"
+    part = exporter.dump_part(router.host_for(shard), shard, "users", "jsonl", dest,
+                              f"users/dt=x/{name}")
+    assert not dead.exists() and all(f.exists() for f in others)
+    assert part.rows == len(gzip.decompress(dest.read(f"users/dt=x/{name}")).splitlines())
 
 
 class Recording(FileDestination):

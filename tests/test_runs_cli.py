@@ -11,7 +11,8 @@ from jobs import runs
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
 
-pytestmark = pytest.mark.slow  # end-to-end: real workers, servers or long waits
+pytestmark = [pytest.mark.slow,  # end-to-end: real workers, servers or long waits
+              pytest.mark.usefixtures("park_leftover_runs")]
 
 
 def edges(base, n, count=50, **params):
@@ -119,6 +120,4 @@ def test_runs_lists_every_run_newest_first_with_its_chunks(rt, env):
     table = run_farm(env, "runs", "--kind", "listing")
     assert table.returncode == 0 and all(run_id in table.stdout for run_id in made)
     assert "0/2" in table.stdout and "farm unpause RUN_ID" in table.stdout
-    for run_id in made:
-        rt.ledger.set_paused(run_id, True)  # no later test's workers take them
     assert "no runs" in run_farm(env, "runs", "--kind", "nothing-of-this-kind").stdout
