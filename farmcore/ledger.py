@@ -20,7 +20,7 @@ import pymysql.cursors
 from farmcore.cronstate import CronState
 from farmcore.mismatches import Mismatches
 from farmcore.quarantine import Quarantine
-from shardfarm.errors import FatalError, FencedError
+from shardfarm.errors import ConfigError, FatalError, FencedError
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.mysql.pool import Pool
 from shardfarm.retry import NO_RETRY
@@ -340,6 +340,14 @@ class Ledger:
         rows = self.pool.query("SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC "
                                "LIMIT 1", (kind,))
         return rows[0][0] if rows else None
+
+    def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:
+        """``run_id`` if given, else the newest run of ``kind``; ``ConfigError(missing)`` when
+        there is none."""
+        run_id = run_id or self.latest_run(kind)
+        if not run_id:
+            raise ConfigError(missing)
+        return run_id
 
     def chunk_counts(self, run_id: str) -> list[dict]:
         """The ``counts`` JSON of every done chunk of a run."""

@@ -11,7 +11,6 @@ from scripts.app import App
 from scripts.follow import finish, wait_with_progress
 from scripts.options import emit, farm_options
 from scripts.render import echo_lines, mismatch_lines, note
-from shardfarm.errors import ConfigError
 from workers import launch
 
 
@@ -63,9 +62,7 @@ def verify(app: App, run_id: str | None, show: int) -> None:
 def mismatches(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
     """List what a verify run found different, each with its legacy table and key."""
     ledger = app.runtime.ledger
-    run_id = run_id or ledger.latest_run("verify")
-    if not run_id:
-        raise ConfigError("no verify run yet")
+    run_id = ledger.run_or_latest(run_id, "verify", "no verify run yet")
     n, rows = ledger.mismatches.of_run(run_id, limit)
     if as_json:
         for r in rows:
@@ -84,9 +81,7 @@ def mismatches(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
 def quarantine(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
     """List quarantined legacy rows with their table, legacy key and reason."""
     ledger = app.runtime.ledger
-    run_id = run_id or ledger.latest_run("migrate")
-    if not run_id:
-        raise ConfigError("no migrate run yet")
+    run_id = ledger.run_or_latest(run_id, "migrate", "no migrate run yet")
     rows = ledger.quarantine.rows(run_id, limit)
     for r in rows:
         if as_json:

@@ -56,9 +56,8 @@ def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
 
 def migrate_run(rt: Runtime, run_id: str | None) -> dict:
     """The ledger's row of migrate run ``run_id`` (default: the latest migrate run)."""
-    run_id = run_id or rt.ledger.latest_run("migrate")
-    if not run_id:
-        raise ConfigError("no migrate run to verify: run 'farm migrate' first")
+    run_id = rt.ledger.run_or_latest(run_id, "migrate",
+                                     "no migrate run to verify: run 'farm migrate' first")
     of = rt.ledger.run(run_id)
     if of["kind"] != "migrate":
         raise ConfigError(f"{run_id} is a {of['kind']} run, not a migrate run")
