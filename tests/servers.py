@@ -60,6 +60,40 @@ class PrivateMariaDB:
                            "max-connections": "500"})
 
     @classmethod
+    def start_binlog(cls, server_id: int = 1, **extra: str) -> PrivateMariaDB:
+        """A test server that writes a ROW-format binary log with GTIDs (``log_bin=ON``),
+        as a legacy server followed by ``farm sync`` or the master of a pair must."""
+        return cls.launch({"innodb-buffer-pool-size": "128M",
+                           "innodb-flush-log-at-trx-commit": "2", "local-infile": "1",
+                           "max-connections": "500", "server-id": str(server_id),
+                           "log-bin": "mariadb-bin", "binlog-format": "ROW",
+                           "log-slave-updates": "1", "gtid-strict-mode": "1",
+                           "binlog-row-image": "FULL",
+                           **{k.replace("_", "-"): v for k, v in extra.items()}},
+                          prefix="farm-binlog-")
+
+    def connect(self, **kwargs: object) -> pymysql.Connection:
+        """A root connection to this server (autocommit)."""
+        return pymysql.connect(host="127.0.0.1", port=self.port, user="root",
+                               autocommit=True, **kwargs)
+
+    def sql(self, statement: str, args: tuple = ()) -> list[tuple]:
+        """Run one statement as root and return its rows."""
+        conn = self.connect()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(statement, args)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def kill(self) -> None:
+        """SIGKILL the server (a dead master); the data directory stays until ``stop()``."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    @classmethod
     def launch(cls, options: dict[str, str], *, prefix: str = "farm-mariadb-",
                alive: Callable[[int], str | None] | None = None,
                timeout: float = 60) -> Self:
@@ -75,7 +109,8 @@ class PrivateMariaDB:
         proc = subprocess.Popen(
             [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
              "--bind-address=127.0.0.1", f"--socket={base / 'sock'}", "--user=root",
-             "--skip-log-bin", f"--pid-file={base / 'pid'}",
+             *([] if "log-bin" in options else ["--skip-log-bin"]),
+             f"--pid-file={base / 'pid'}",
              *(f"--{k}={v}" for k, v in options.items())],
             stdout=log, stderr=subprocess.STDOUT)
         server = cls(port, datadir, proc)
@@ -99,3 +134,72 @@ class PrivateMariaDB:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.datadir.parent, ignore_errors=True)
+
+
+@dataclass
+class ReplicationPair:
+    """A master and a slave, both private ``mariadbd`` servers with binlog and GTID, the
+    slave replicating from the master (``MASTER_USE_GTID=slave_pos``)."""
+
+    master: PrivateMariaDB
+    slave: PrivateMariaDB
+
+    @classmethod
+    def start(cls, first_server_id: int = 1) -> ReplicationPair:
+        """Start both servers and replication; returns once the slave's threads run."""
+        master = PrivateMariaDB.start_binlog(first_server_id)
+        try:
+            slave = PrivateMariaDB.start_binlog(first_server_id + 1)
+        except Exception:
+            master.stop()
+            raise
+        pair = cls(master, slave)
+        try:
+            pair.replicate(slave, master)
+        except Exception:
+            pair.stop()
+            raise
+        return pair
+
+    @staticmethod
+    def replicate(slave: PrivateMariaDB, master: PrivateMariaDB, timeout: float = 30) -> None:
+        """Point ``slave`` at ``master`` by GTID and wait until both threads run."""
+        slave.sql("STOP SLAVE")
+        slave.sql("CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=%s, "
+                  "MASTER_USER='root', MASTER_PASSWORD='', MASTER_USE_GTID=slave_pos",
+                  (master.port,))
+        slave.sql("START SLAVE")
+        deadline = time.monotonic() + timeout
+        while True:
+            status = slave_status(slave)
+            if status.get("Slave_IO_Running") == "Yes" and status.get(
+                    "Slave_SQL_Running") == "Yes":
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("replication did not start: "
+                                   f"{status.get('Last_IO_Error') or status.get('Last_SQL_Error')}")
+            time.sleep(0.1)
+
+    def wait_caught_up(self, timeout: float = 30) -> None:
+        """Wait until the slave has applied every GTID the master has written."""
+        pos = self.master.sql("SELECT @@gtid_binlog_pos")[0][0]
+        rows = self.slave.sql("SELECT MASTER_GTID_WAIT(%s, %s)", (pos, timeout))
+        if rows[0][0] != 0:
+            raise RuntimeError(f"slave did not reach {pos} within {timeout}s")
+
+    def stop(self) -> None:
+        """Stop both servers and delete their data directories."""
+        self.slave.stop()
+        self.master.stop()
+
+
+def slave_status(server: PrivateMariaDB) -> dict[str, str]:
+    """``SHOW SLAVE STATUS`` of ``server`` as a dict (empty when it replicates nothing)."""
+    conn = server.connect()
+    try:
+        with conn.cursor(pymysql.cursors.DictCursor) as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            row = cur.fetchone()
+            return {k: "" if v is None else str(v) for k, v in (row or {}).items()}
+    finally:
+        conn.close()
