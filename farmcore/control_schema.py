@@ -42,8 +42,19 @@ STATEMENTS: list[str] = [
   finished_at DATETIME(3) NULL,
   seconds DOUBLE NOT NULL DEFAULT 0,
   last_error VARCHAR(1000) NULL,
+  rows_planned BIGINT NULL,
   PRIMARY KEY (run_id, chunk_id),
   KEY by_state (run_id, state)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # Rows a chunk was planned with (counted while planning; NULL when unknown): progress by
+    # rows. Added to control databases made before it.
+    "ALTER TABLE chunks ADD COLUMN IF NOT EXISTS rows_planned BIGINT NULL",
+    # When a run was paused and unpaused (resumed_at NULL while paused): rates leave it out.
+    """CREATE TABLE IF NOT EXISTS run_pauses (
+  run_id VARCHAR(40) NOT NULL,
+  paused_at DATETIME(3) NOT NULL,
+  resumed_at DATETIME(3) NULL,
+  PRIMARY KEY (run_id, paused_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
     """CREATE TABLE IF NOT EXISTS quarantine (
   run_id VARCHAR(40) NOT NULL,

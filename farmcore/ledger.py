@@ -29,10 +29,12 @@ from sharding.fencing import FenceToken
 
 @dataclass(frozen=True)
 class ChunkSpec:
-    """A chunk to create: its kind (e.g. ``pins``) and JSON-safe arguments."""
+    """A chunk to create: its kind (e.g. ``pins``), JSON-safe arguments and, when planning
+    counted them, the rows it is expected to read (for progress by rows)."""
 
     kind: str
     args: dict
+    rows: int | None = None
 
 
 @dataclass(frozen=True)
@@ -115,17 +117,17 @@ class Ledger:
     @staticmethod
     def _insert_chunks(cur: pymysql.cursors.Cursor, run_id: str, chunks: Iterable[ChunkSpec],
                        batch: int) -> int:
+        sql = ("INSERT INTO chunks (run_id, chunk_id, kind, args, rows_planned) "
+               "VALUES (%s,%s,%s,%s,%s)")
         rows, n = [], 0
         for spec in chunks:
-            rows.append((run_id, n, spec.kind, json.dumps(spec.args)))
+            rows.append((run_id, n, spec.kind, json.dumps(spec.args), spec.rows))
             n += 1
             if len(rows) >= batch:
-                cur.executemany("INSERT INTO chunks (run_id, chunk_id, kind, args) "
-                                "VALUES (%s,%s,%s,%s)", rows)
+                cur.executemany(sql, rows)
                 rows = []
         if rows:
-            cur.executemany("INSERT INTO chunks (run_id, chunk_id, kind, args) "
-                            "VALUES (%s,%s,%s,%s)", rows)
+            cur.executemany(sql, rows)
         return n
 
     def run(self, run_id: str) -> dict:
@@ -173,9 +175,21 @@ class Ledger:
         return runs
 
     def set_paused(self, run_id: str, paused: bool) -> None:
-        """Pause or unpause a run: workers take no new chunks of a paused run."""
+        """Pause or unpause a run: workers take no new chunks of a paused run. The change and
+        its time are one transaction (``run_pauses``), so rates can leave paused time out."""
         self.run(run_id)
-        self.pool.execute("UPDATE runs SET paused = %s WHERE run_id = %s", (int(paused), run_id))
+
+        def write(cur: pymysql.cursors.Cursor) -> None:
+            if not cur.execute("UPDATE runs SET paused = %s WHERE run_id = %s AND paused <> %s",
+                               (int(paused), run_id, int(paused))):
+                return  # already so (or a retry of a commit whose reply was lost)
+            if paused:
+                cur.execute("INSERT INTO run_pauses (run_id, paused_at) VALUES (%s, NOW(3))",
+                            (run_id,))
+            else:
+                cur.execute("UPDATE run_pauses SET resumed_at = NOW(3) WHERE run_id = %s "
+                            "AND resumed_at IS NULL", (run_id,))
+        self.pool.run(write, transaction=True)
 
     def refresh_status(self, run_id: str) -> str:
         """Recompute a run's status from its chunks (``running``, ``done`` or ``failed``)."""

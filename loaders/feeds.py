@@ -71,17 +71,20 @@ def check_user_ids(user_ids: Iterable[int]) -> list[int]:
     return list(out)
 
 
-def user_ranges(router: Router, shard: int, chunk_users: int) -> list[tuple[int, int]]:
-    """Contiguous ``(lo, hi)`` local-ID ranges covering a shard's active users, ~``chunk_users``
-    each; the last range is open-ended so users created since planning are rebuilt too."""
-    sql = (f"SELECT MAX(local_id) FROM (SELECT local_id, (ROW_NUMBER() OVER "
+def user_ranges(router: Router, shard: int, chunk_users: int) -> list[tuple[int, int, int]]:
+    """Contiguous ``(lo, hi, users)`` local-ID ranges covering a shard's active users,
+    ~``chunk_users`` each; the last range is open-ended so users created since planning are
+    rebuilt too."""
+    sql = (f"SELECT MAX(local_id), COUNT(*) FROM (SELECT local_id, (ROW_NUMBER() OVER "
            f"(ORDER BY local_id) - 1) DIV %s AS grp FROM {shard_table(shard, 'users')} "
            "WHERE active = 1) t GROUP BY grp ORDER BY grp")
-    ends = [r[0] for r in router.query(router.host_for(shard), sql, (chunk_users,), shard)]
-    if not ends:
+    groups = router.query(router.host_for(shard), sql, (chunk_users,), shard)
+    if not groups:
         return []
+    ends = [g[0] for g in groups]
     ends[-1] = ids.MAX_LOCAL
-    return list(zip([1, *(e + 1 for e in ends[:-1])], ends, strict=True))
+    return list(zip([1, *(e + 1 for e in ends[:-1])], ends, [int(g[1]) for g in groups],
+                    strict=True))
 
 
 def plan(router: Router, chunk_users: int = DEFAULT_CHUNK_USERS, length: int = DEFAULT_LENGTH,
@@ -93,9 +96,11 @@ def plan(router: Router, chunk_users: int = DEFAULT_CHUNK_USERS, length: int = D
         raise UsageError(f"--length must be in 1..{MAX_LENGTH}, got {length}")
     params = {"length": length, "chunk_users": chunk_users, "kinds": [KIND]}
     if users is not None:
-        return params, [ChunkSpec(KIND, {"users": check_user_ids(users)})]
-    chunks = [ChunkSpec(KIND, {"shard": s, "lo": lo, "hi": hi})
-              for s in router.shardmap.shards() for lo, hi in user_ranges(router, s, chunk_users)]
+        users = check_user_ids(users)
+        return params, [ChunkSpec(KIND, {"users": users}, rows=len(users))]
+    chunks = [ChunkSpec(KIND, {"shard": s, "lo": lo, "hi": hi}, rows=n)
+              for s in router.shardmap.shards()
+              for lo, hi, n in user_ranges(router, s, chunk_users)]
     return params, chunks
 
 

@@ -48,10 +48,10 @@ def test_chunk_pages_by_key_and_returns_every_row_once(reader, monkeypatch, tabl
     ranges = list(reader.plan(spec, 60))
     assert len(ranges) > 1
     total = 0
-    for lo, hi in ranges:
+    for lo, hi, n in ranges:
         got = [tuple(r[c] for c in spec.columns) for r in reader.chunk(spec, lo, hi)]
         want = _plain(table, lo, hi)
-        assert len(got) == len(want) and len(got) > 7
+        assert len(got) == len(want) == n and len(got) > 7
         assert [g[:len(spec.key)] for g in got] == [w[:len(spec.key)] for w in want]
         assert [tuple(str(v) if isinstance(v, str) else v for v in g) for g in got] == want
         total += len(got)
@@ -60,8 +60,8 @@ def test_chunk_pages_by_key_and_returns_every_row_once(reader, monkeypatch, tabl
 
 def test_plan_cuts_by_row_count_on_first_key_changes():
     groups = [(1, 3), (5, 3), (9, 1), (1000, 4), (1001, 1)]
-    assert list(legacy.cut_ranges(groups, 6)) == [(1, 5), (9, 1001)]
-    assert list(legacy.cut_ranges(groups, 5)) == [(1, 1), (5, 9), (1000, 1001)]
+    assert list(legacy.cut_ranges(groups, 6)) == [(1, 5, 6), (9, 1001, 6)]
+    assert list(legacy.cut_ranges(groups, 5)) == [(1, 1, 3), (5, 9, 4), (1000, 1001, 5)]
     assert list(legacy.cut_ranges([], 6)) == []
 
 

@@ -66,7 +66,7 @@ def plan(router: Router, table: str, threshold: int, spread: int) -> tuple[dict,
                          f"{router.shardmap.shard_count()}")
     boards = hot_boards(router, threshold)
     done = Directory(router).get_many([b for b, _ in boards])
-    chunks = [ChunkSpec(table, {"board": b, "spread": spread}) for b, _ in boards
+    chunks = [ChunkSpec(table, {"board": b, "spread": spread}, rows=n) for b, n in boards
               if not (b in done and done[b].state == "cleaned")]
     return {"threshold": threshold, "spread": spread, "kinds": [table]}, chunks
 

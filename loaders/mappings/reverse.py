@@ -40,15 +40,16 @@ def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
     if unknown:
         names = ", ".join(repr(t)[1:-1][:64] for t in unknown)
         raise UsageError(f"not a reverse table: {names} (known: {', '.join(REVERSES)})")
-    chunks = [ChunkSpec(t, {"table": t, "shard": s, "lo": lo, "hi": hi})
+    chunks = [ChunkSpec(t, {"table": t, "shard": s, "lo": lo, "hi": hi}, rows=n)
               for t in tables for s in router.shardmap.shards()
-              for lo, hi in _ranges(router, REVERSES[t], s, chunk_rows)]
+              for lo, hi, n in _ranges(router, REVERSES[t], s, chunk_rows)]
     return {"kinds": tables, "chunk_rows": chunk_rows}, chunks
 
 
 def _ranges(router: Router, forward: str, shard: int, chunk_rows: int
-            ) -> Iterator[tuple[int, int]]:
-    """from_id ranges of about ``chunk_rows`` rows (one range for a small shard)."""
+            ) -> Iterator[tuple[int, int, int]]:
+    """from_id ranges of about ``chunk_rows`` rows, with their rows (one range for a small
+    shard)."""
     q = shard_table(shard, forward)
     groups = router.query(router.host_for(shard),
                           f"SELECT from_id, COUNT(*) FROM {q} GROUP BY from_id ORDER BY from_id",

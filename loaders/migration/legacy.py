@@ -66,8 +66,9 @@ class LegacyReader:
                 self._conn.close()
             self._conn = None
 
-    def plan(self, table: LegacyTable, chunk_rows: int) -> Iterator[tuple[int, int]]:
-        """Inclusive ranges of the first key column holding about ``chunk_rows`` rows each.
+    def plan(self, table: LegacyTable, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
+        """Inclusive ranges of the first key column holding about ``chunk_rows`` rows each,
+        with the rows each holds: ``(lo, hi, rows)``.
 
         Ranges are cut by row count, not ID span (IDs are sparse), and only where the
         first key column changes, so composite keys never straddle two chunks.
@@ -180,17 +181,18 @@ def _cols(cols: Iterable[str]) -> str:
 
 
 def cut_ranges(groups: Iterable[tuple[int, int]], chunk_rows: int
-               ) -> Iterator[tuple[int, int]]:
-    """Inclusive ``(lo, hi)`` key ranges of about ``chunk_rows`` rows from ``(key, count)``."""
+               ) -> Iterator[tuple[int, int, int]]:
+    """Inclusive ``(lo, hi, rows)`` key ranges of about ``chunk_rows`` rows from
+    ``(key, count)``; ``rows`` is how many the range held when it was cut."""
     lo = hi = None
     n = 0
     for key, count in groups:
         if lo is None:
             lo = key
         if n and n + count > chunk_rows:
-            yield lo, hi
+            yield lo, hi, n
             lo, n = key, 0
         hi = key
         n += count
     if lo is not None:
-        yield lo, hi
+        yield lo, hi, n

@@ -39,8 +39,8 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
         raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
     reader = LegacyReader(settings.legacy_dsn)
     try:
-        chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi})
-                  for t in ORDER for lo, hi in reader.plan(SPEC[t], chunk_rows)]
+        chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi}, rows=n)
+                  for t in ORDER for lo, hi, n in reader.plan(SPEC[t], chunk_rows)]
     finally:
         reader.close()
     params = {"open_shards": _open_shards(router, ledger), "chunk_rows": chunk_rows,
