@@ -10,8 +10,9 @@ import click
 from demo import pipeline
 from demo.clean import clean_everything
 from scripts.app import App
+from scripts.bars import ProgressBars
 from scripts.options import emit, farm_options
-from scripts.render import RunProgress, database_bar, echo_lines, note
+from scripts.render import database_bar, echo_lines, note
 
 
 class TerminalObserver:
@@ -29,9 +30,9 @@ class TerminalObserver:
         """``    (text)``."""
         click.echo(f"    ({text})", err=True)
 
-    def run_progress(self, run_id: str) -> RunProgress:
-        """A bar of the run's chunks (only on a terminal)."""
-        return RunProgress(run_id)
+    def run_progress(self, run_id: str) -> ProgressBars:
+        """Bars of the run's rows and chunks (only on a terminal)."""
+        return ProgressBars(run_id)
 
     def db_progress(self, total: int) -> AbstractContextManager[Callable[[int], object]]:
         """A bar of databases created (only on a terminal)."""

@@ -9,7 +9,7 @@ import click
 from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.follow import finish, wait_with_progress
-from scripts.options import emit, farm_options
+from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import echo_lines, mismatch_lines, note
 from workers import launch
 
@@ -18,15 +18,16 @@ from workers import launch
 @click.option("--chunk-size", default=migration.DEFAULT_CHUNK_ROWS, show_default=True,
               type=click.IntRange(min=1), help="Legacy rows per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
-def migrate(app: App, chunk_size: int, wait: bool) -> None:
+def migrate(app: App, chunk_size: int, wait: bool, as_json: bool) -> None:
     """Load the whole legacy database into the shards as one resumable run.
 
     Prints {"run_id", "status", "loaded", "quarantined", "failed_chunks"} as the
     last line (at once without --wait). Workers ('farm workers') do the loading.
     """
     run_id = launch.migrate(app.runtime, chunk_size, notice=note)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
 
 
 @click.command("verify")
