@@ -1,5 +1,5 @@
-"""Live progress of a run on a terminal: one bar per chunk kind by rows (chunks beside) and
-one line for the whole run with its rate and ETA, redrawn in place on stderr.
+"""Live progress on a terminal, redrawn in place on stderr: for a run, one bar per chunk kind
+by rows (chunks beside) and one line for the whole run with its rate and ETA.
 
 Off the terminal nothing is drawn (scripts read the JSON line, not a bar).
 """
@@ -59,21 +59,20 @@ def progress_lines(label: str, p: RunProgress) -> list[str]:
     return [label, *(kind_line(k, width) for k in p.kinds), run_line(p, width)]
 
 
-class ProgressBars:
-    """Draws ``progress_lines`` of a run in place on ``stream`` (stderr) while it is a
-    terminal; called with each new ``RunProgress``."""
+class LiveLines:
+    """Lines redrawn in place on ``stream`` (stderr) while it is a terminal."""
 
-    def __init__(self, label: str, stream: TextIO | None = None) -> None:
-        self.label = label
+    def __init__(self, stream: TextIO | None = None) -> None:
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty()
         self.drawn = 0
 
-    def __call__(self, p: RunProgress) -> None:
+    def draw(self, lines: list[str]) -> None:
+        """Replace what was drawn last with ``lines`` (each cut to the terminal's width)."""
         if not self.enabled:
             return
         cols = shutil.get_terminal_size((100, 24)).columns
-        lines = [line[:cols - 1] for line in progress_lines(self.label, p)]
+        lines = [line[:cols - 1] for line in lines]
         out = f"\x1b[{self.drawn}F" if self.drawn else ""  # back to the first line drawn
         out += "".join(f"\x1b[2K{line}\n" for line in lines)
         if len(lines) < self.drawn:  # fewer lines than last time: clear the rest
@@ -85,3 +84,14 @@ class ProgressBars:
     def close(self) -> None:
         """Leave the last drawing as it is."""
         self.drawn = 0
+
+
+class ProgressBars(LiveLines):
+    """Draws ``progress_lines`` of a run in place; called with each new ``RunProgress``."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        super().__init__(stream)
+        self.label = label
+
+    def __call__(self, p: RunProgress) -> None:
+        self.draw(progress_lines(self.label, p))
