@@ -158,7 +158,7 @@ class Supervisor:
         """Supervise until stopped (or, in burst mode, until every worker is done)."""
         self.install_signals()
         if swept := sweep_temp():
-            log.warning("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
+            log.info("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
         if self.burst:
             for _ in range(self.desired):
