@@ -11,6 +11,7 @@ from scripts.app import App
 from scripts.follow import finish, wait_with_progress
 from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import echo_lines, mismatch_lines, note
+from scripts.summaries import for_people, verify_line
 from workers import launch
 
 
@@ -34,8 +35,9 @@ def migrate(app: App, chunk_size: int, wait: bool, as_json: bool) -> None:
 @click.option("--run", "run_id", default=None, help="The migrate run to check (default: latest).")
 @click.option("--show", default=50, show_default=True, type=click.IntRange(min=0),
               help="Mismatches printed (all of them: 'farm mismatches').")
+@AS_JSON
 @farm_options
-def verify(app: App, run_id: str | None, show: int) -> None:
+def verify(app: App, run_id: str | None, show: int, as_json: bool) -> None:
     """Compare the target with the legacy source, chunk by chunk; exit 0 only on a full match.
 
     Runs as a resumable run on the workers, prints each mismatch with its legacy
@@ -49,7 +51,10 @@ def verify(app: App, run_id: str | None, show: int) -> None:
     if more > 0:
         click.echo(f"… and {more:,} more mismatch(es): 'farm mismatches --run {vid}' lists "
                    "them all")
-    emit(outcome.summary)
+    if for_people(as_json):
+        click.echo(verify_line(outcome.summary))
+    else:
+        emit(outcome.summary)
     if not outcome.ok:
         sys.exit(1)
 

@@ -73,3 +73,12 @@ def summary_lines(doc: dict, kind: str, p: RunProgress) -> list[str]:
         lines.append(f"  failed       {doc['failed_chunks']:,} chunk(s): 'farm failed --run "
                      f"{rid}', then 'farm retry-failed --run {rid}'")
     return lines
+
+
+def verify_line(summary: dict) -> str:
+    """``verify run V of migrate run M done: 5,000 rows checked, 0 mismatches``."""
+    failed = summary["failed_chunks"]
+    return (f"verify run {summary['run_id']} of {summary['of_run']} {summary['status']}: "
+            f"{sum(summary['checked'].values()):,} rows checked, {summary['mismatches']:,} "
+            f"mismatch(es)" + (f", {failed:,} chunk(s) failed: 'farm failed --run "
+                               f"{summary['run_id']}'" if failed else ""))

@@ -1,7 +1,7 @@
 """A run's summary for a person at a terminal (scripts.summaries)."""
 
 from farmcore.progress import RunProgress
-from scripts.summaries import BOARDS_SHOWN, summary_lines
+from scripts.summaries import BOARDS_SHOWN, summary_lines, verify_line
 
 
 def _p(**over) -> RunProgress:
@@ -48,3 +48,11 @@ def test_a_run_started_without_wait_says_how_to_follow_it():
     lines = summary_lines(doc, "feeds", _p(finished=False, rows_expected=900, chunks_done=0))
     assert lines == ["feeds run f-1 started: 8 chunks, 900 rows",
                      "  follow it: 'farm status --run f-1', or 'farm resume f-1 --wait'"]
+
+
+def test_verify_line():
+    s = {"run_id": "v-1", "of_run": "m-1", "status": "done", "checked": {"users": 3, "pins": 4},
+         "mismatches": 2, "failed_chunks": 0}
+    assert verify_line(s) == "verify run v-1 of m-1 done: 7 rows checked, 2 mismatch(es)"
+    assert verify_line({**s, "failed_chunks": 1}).endswith("1 chunk(s) failed: "
+                                                           "'farm failed --run v-1'")
