@@ -14,14 +14,16 @@ WIDTH, HEIGHT = 320, 64
 def series(ledger: Ledger, run_id: str, buckets: int = BUCKETS) -> list[tuple[float, float]]:
     """``(seconds since the run's first start, rows/s)`` per bucket, from its first start to
     its last finish (or now, while it runs). Two aggregates on the run's done chunks."""
-    (start, end, now), = ledger.pool.query(
-        "SELECT MIN(started_at), MAX(finished_at), NOW(3) FROM chunks "
-        "WHERE run_id = %s AND state IN ('done', 'running')", (run_id,))
+    (start, end, now, chunk_s), = ledger.pool.query(
+        "SELECT MIN(started_at), MAX(finished_at), NOW(3), AVG(IF(state = 'done', seconds, "
+        "NULL)) FROM chunks WHERE run_id = %s AND state IN ('done', 'running')", (run_id,))
     if start is None:
         return []
     span = max(((end if end and end > start else now) - start).total_seconds(), 1.0)
     if end is None or (now - end).total_seconds() < span / buckets:
         span = max((now - start).total_seconds(), 1.0)
+    # a bucket spans at least two chunks' time, or rows would show as spikes at finishes
+    buckets = max(2, min(buckets, int(span / max(2 * float(chunk_s or 0), 1e-3))))
     width = span / buckets
     got = dict(ledger.pool.query(
         "SELECT LEAST(FLOOR(TIMESTAMPDIFF(MICROSECOND, %s, finished_at) / %s), %s), "

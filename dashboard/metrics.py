@@ -76,15 +76,16 @@ def run_families(board: Board) -> Iterator[Metric]:
 
 def farm_families(board: Board) -> Iterator[Metric]:
     """Queue depths and workers per host and state."""
-    depth = {name: GaugeMetricFamily(f"shardfarm_queue_{name}", help_, labels=["queue"])
-             for name, help_ in (("jobs", "rq jobs waiting on the queue."),
-                                 ("items", "Items the waiting jobs carry."),
-                                 ("scheduled_jobs", "Jobs scheduled for later (backoff)."),
-                                 ("failed_jobs", "Jobs rq gave up on."),
-                                 ("failed_items", "Items that failed for good."))}
+    depth = {key: GaugeMetricFamily(f"shardfarm_queue_{name}", help_, labels=["queue"])
+             for key, name, help_ in (
+                 ("jobs", "jobs", "rq jobs waiting on the queue."),
+                 ("items", "items", "Items the waiting jobs carry."),
+                 ("scheduled", "scheduled_jobs", "Jobs scheduled for later (backoff)."),
+                 ("failed_jobs", "failed_jobs", "Jobs rq gave up on."),
+                 ("failed_items", "failed_items", "Items that failed for good."))}
     for queue, q in board.queues.items():
-        for name, family in depth.items():
-            family.add_metric([queue], q[name])
+        for key, family in depth.items():
+            family.add_metric([queue], q[key])
     workers = GaugeMetricFamily("shardfarm_workers", "Worker processes per host and state.",
                                 labels=["host", "state"])
     desired = GaugeMetricFamily("shardfarm_workers_desired", "Workers the supervisors of a "

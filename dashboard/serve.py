@@ -47,8 +47,8 @@ def serve(rt: Runtime, bind: str, guard: Guard, ready: Callable[[str], None] | N
         raise ConfigError(f"cannot listen on {bind}: {why} (choose another --bind)") from None
     except (ValueError, socket.gaierror) as exc:
         raise UsageError(f"bad --bind {bind!r}: {exc}") from None
-    log.info("dashboard on http://%s:%d/ (%s)", host, server.effective_port,
+    log.info("dashboard on http://%s:%d/ (%s)", host, int(server.effective_port),
                 "actions on" if guard.allow else "read-only")
     if ready:
-        ready(f"http://{host}:{server.effective_port}/")
+        ready(f"http://{host}:{int(server.effective_port)}/")
     server.run()

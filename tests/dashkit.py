@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from farmcore.ledger import ChunkSpec, Outcome
 from tests.conftest import ROOT
 from tests.farmkit import until
 from tests.servers import free_port
@@ -65,3 +66,23 @@ def dashboard(env: dict, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         proc.output = proc.stdout.read()
+
+
+def make_run(ledger, done=1, failed=0, pending=2, rows=100, quarantined=()):
+    """A run of ``done + failed + pending`` chunks of ``rows`` planned rows each, driven
+    through the ledger's own claim / finish / fail."""
+    n = done + failed + pending
+    run_id = ledger.create_run("test", "farm", {"handler": "tests.kinds.write_edges"},
+                               [ChunkSpec("edges", {"i": i}, rows=rows) for i in range(n)])
+    for i in range(done + failed):
+        lease = ledger.claim(run_id, i, "testhost:1:abc")
+        if i < done:
+            if quarantined and i == 0:
+                ledger.quarantine.record(lease, list(quarantined))
+            ledger.finish(lease, Outcome(rows_read=rows, rows_written=rows - len(quarantined)
+                                         if i == 0 else rows,
+                                         rows_quarantined=len(quarantined) if i == 0 else 0))
+        else:
+            ledger.fail(lease, "FatalError: bad chunk on purpose", None)
+    ledger.refresh_status(run_id)
+    return run_id
