@@ -38,10 +38,11 @@ def svg(points: list[tuple[float, float]]) -> Markup:
     if not points:
         return Markup('<svg class="chart" width="%d" height="%d" role="img" '
                       'aria-label="no rows yet"></svg>') % (WIDTH, HEIGHT)
-    peak = max(r for _, r in points) or 1.0
+    peak = max(r for _, r in points)
+    scale = peak or 1.0
     span = points[-1][0] or 1.0
     step = WIDTH / max(len(points) - 1, 1)
-    coords = " ".join(f"{i * step:.1f},{HEIGHT - 14 - (r / peak) * (HEIGHT - 20):.1f}"
+    coords = " ".join(f"{i * step:.1f},{HEIGHT - 14 - (r / scale) * (HEIGHT - 20):.1f}"
                       for i, (_, r) in enumerate(points))
     return Markup(
         '<svg class="chart" width="%d" height="%d" viewBox="0 0 %d %d" role="img" '

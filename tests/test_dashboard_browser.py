@@ -12,7 +12,7 @@ import pytest
 
 from farmcore.ledger import ChunkSpec
 from jobs import runs
-from tests.conftest import ROOT, SHARDS_A
+from tests.conftest import ROOT, SHARDS_A, run_farm
 from tests.dashkit import TOKEN, dashboard
 from tests.farmkit import start_workers, stop, until
 
@@ -59,34 +59,49 @@ def row_attr(driver, run_id: str, name: str) -> str | None:
         "return r ? r.getAttribute(arguments[1]) : null;", run_id, name)
 
 
+def text_of(driver, element_id: str) -> str:
+    """The text of an element of the live part now (read in one step: it is replaced)."""
+    return driver.execute_script("var e = document.getElementById(arguments[0]);"
+                                 "return e ? e.innerText : '';", element_id)
+
+
 def click(driver, css: str) -> bool:
     """Click the element now matching ``css`` (found afresh: the live part is replaced)."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+    )
     from selenium.webdriver.common.by import By
     try:
         driver.find_element(By.CSS_SELECTOR, css).click()
         return True
-    except StaleElementReferenceException:
+    except (StaleElementReferenceException, NoSuchElementException):
         return False
 
 
-def test_progress_moves_live_then_pause_is_confirmed(rt, env, browser):
+def test_progress_moves_live_then_pause_is_confirmed(rt, env, browser, tmp_path):
     from selenium.webdriver.common.by import By
     chunks = [ChunkSpec("edges", {"shard": SHARDS_A[0] + 5, "start": 9_000_000 + i * 200,
-                                  "count": 200, "pause": 0.2}, rows=200) for i in range(40)]
+                                  "count": 200, "pause": 0.2}, rows=200) for i in range(150)]
+    out = run_farm(env, "export", "--date", "2026-11-20", "--tables", "pins", "--dest",
+                   f"file://{tmp_path / 'exports'}")  # queued first: its 16 chunks run first
+    assert out.returncode == 0, out.stderr
     run_id = runs.start(rt, "test", "tests.kinds.write_edges", chunks)
     with dashboard({**env, "FARM_DASHBOARD_TOKEN": TOKEN}, "--allow-actions") as (url, dash):
         browser.get(url)
         assert row_attr(browser, run_id, "data-rows") == "0"  # no worker yet
         browser.execute_script("window.notReloaded = true;")
-        workers = start_workers(env, 1)
+        workers = start_workers(env, 2)
         try:
             first = int(until(lambda: int(row_attr(browser, run_id, "data-rows") or 0),
                               what="rows to show up"))
             until(lambda: int(row_attr(browser, run_id, "data-rows") or 0) > first,
                   what="progress to move again")
-            until(lambda: f"run {run_id} chunk" in browser.find_element(
-                By.ID, "workers").text, what="a worker shown with its chunk")
+            until(lambda: f"run {run_id} chunk" in text_of(browser, "workers"),
+                  what="a worker shown with its chunk")
+            until(lambda: "✓" in text_of(browser, "exports"),
+                  what="the export's _SUCCESS in the calendar")
+            assert (tmp_path / "exports/pins/dt=2026-11-20/_SUCCESS").exists()
             assert browser.execute_script("return window.notReloaded === true;")
             browser.save_screenshot(str(artifacts() / "dashboard.png"))
             until(lambda: click(browser, f'tr.run[data-run="{run_id}"] button.act-pause'),
