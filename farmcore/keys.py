@@ -44,6 +44,12 @@ def supervisors() -> str:
     return f"{PREFIX}:supervisors"
 
 
+def job_timings(supervisor: str) -> str:
+    """List of jobs ended by a supervisor's workers (queue, outcome, seconds), drained by that
+    supervisor into its metrics (``farm workers --metrics-port``)."""
+    return f"{PREFIX}:timings:{supervisor}"
+
+
 def throttle(run_id: str) -> str:
     """Why a run is throttled right now (expires by itself)."""
     return f"{PREFIX}:throttle:{run_id}"

@@ -15,7 +15,7 @@ from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
 ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
          "followers", "feeds", "export", "cron", "workers", "scale", "status", "resume", "pause",
-         "unpause", "failed", "retry-failed", "enqueue", "id", "modshard")
+         "unpause", "failed", "retry-failed", "enqueue", "id", "modshard", "dashboard")
 
 
 class FarmGroup(click.Group):
@@ -64,6 +64,7 @@ def cli(log_level: str | None, log_format: str | None) -> None:
 
 def _register() -> None:
     from scripts import (
+        cmd_dashboard,
         cmd_demo,
         cmd_export,
         cmd_feeds,
@@ -77,7 +78,7 @@ def _register() -> None:
         cmd_workers,
     )
     for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_feeds,
-                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export):
+                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export, cmd_dashboard):
         module.register(cli)
 
 

@@ -17,10 +17,15 @@ from workers.supervisor import Supervisor, write_desired
               help="Worker processes on this machine.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--queues", default="farm", show_default=True, help="Comma-separated queues.")
+@click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve this supervisor's Prometheus metrics (job latency, workers by "
+                   "state) on PORT.")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True, metavar="ADDR",
+              help="Address the metrics port listens on.")
 @ALLOW_MODULE
 @farm_options
-def workers(app: App, count: int, burst: bool, queues: str,
-            allow_modules: tuple[str, ...]) -> None:
+def workers(app: App, count: int, burst: bool, queues: str, metrics_port: int | None,
+            metrics_addr: str, allow_modules: tuple[str, ...]) -> None:
     """Run COUNT worker processes here, supervised.
 
     Workers run only the farm's own jobs and functions of the allowed module
@@ -31,7 +36,7 @@ def workers(app: App, count: int, burst: bool, queues: str,
     """
     policy = JobPolicy.from_env(flags=allow_modules)
     sup = Supervisor(app.settings, count, [q for q in queues.split(",") if q], burst=burst,
-                     policy=policy)
+                     policy=policy, metrics_port=metrics_port, metrics_addr=metrics_addr)
     raise SystemExit(sup.run())
 
 

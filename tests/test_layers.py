@@ -22,8 +22,10 @@ ALLOWED: dict[str, set[str]] = {
     "jobs": {"shardfarm", "sharding", "farmcore"},
     "workers": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters"},
     "demo": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters", "workers"},
+    "dashboard": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters",
+                  "workers"},
     "scripts": {"shardfarm", "sharding", "farmcore", "jobs", "loaders", "exporters",
-                "workers", "demo"},
+                "workers", "demo", "dashboard"},
 }
 
 

@@ -29,11 +29,13 @@ from jobs.runtime import Runtime
 from shardfarm.mysql.infile import sweep_temp
 from shardfarm.settings import Settings
 from workers import maintenance
+from workers.metrics import ENV_KEY, SupervisorMetrics
 
 log = logging.getLogger(__name__)
 TICK = 0.5
 MAINTENANCE_EVERY = 3.0
 COLD_GRACE = 3.0
+OBSERVE_EVERY = 2.0
 
 
 def read_desired(conn: redis.Redis, host: str) -> int | None:
@@ -68,11 +70,17 @@ class Supervisor:
     _seen_remote: int | None = None
     _retiring: set[int] = field(default_factory=set)
     _kill_at: float | None = None
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
+    metrics: SupervisorMetrics | None = None
+    _observed: float = 0.0
 
     def __post_init__(self) -> None:
         self.rt = Runtime(self.settings)
         self.conn = self.rt.redis
         self.me = f"{self.host}:{os.getpid()}"
+        if self.metrics_port is not None:
+            self.metrics = SupervisorMetrics(self.host, keys.job_timings(self.me))
         self._seen_remote = read_desired(self.conn, self.host)
         if self._seen_remote is not None and not self.burst and self._seen_remote != self.desired:
             log.warning("--count %d is overridden by the 'farm scale' target of %d workers "
@@ -127,6 +135,8 @@ class Supervisor:
                     "FARM_CONTROL_DSN": s.control_dsn.url(),
                     "FARM_LEGACY_DSN": s.legacy_dsn.url(),
                     "FARM_SHARDMAP": str(s.shardmap_path or "")})
+        if self.metrics:
+            env[ENV_KEY] = self.metrics.key
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
         return env
 
@@ -153,10 +163,18 @@ class Supervisor:
         doc = {"host": self.host, "pid": os.getpid(), "workers": len(self.alive()),
                "desired": self.desired, "queues": self.queues, "at": time.time()}
         self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
+        if self.metrics:
+            self.metrics.drain(self.conn)
+            if time.monotonic() - self._observed > OBSERVE_EVERY:
+                self.metrics.observe_workers(self.conn, [c.pid for c in self.alive()],
+                                             self.desired)
+                self._observed = time.monotonic()
 
     def run(self) -> int:
         """Supervise until stopped (or, in burst mode, until every worker is done)."""
         self.install_signals()
+        if self.metrics:
+            self.metrics.serve(self.metrics_port, self.metrics_addr)
         if swept := sweep_temp():
             log.info("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
@@ -179,5 +197,7 @@ class Supervisor:
                 time.sleep(TICK)
         finally:
             self.conn.hdel(keys.supervisors(), self.me)
+            if self.metrics:
+                self.conn.delete(self.metrics.key)
             self.rt.close()
 

@@ -25,6 +25,7 @@ from jobs.queue import rq_queue
 from jobs.status import worker_name
 from shardfarm import log as farm_log
 from shardfarm.settings import Settings
+from workers.metrics import report_job
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5
@@ -66,13 +67,17 @@ class FarmWorker(SimpleWorker):
         stop = threading.Event()
         beat = threading.Thread(target=self._beat, args=(job, execution, stop), daemon=True)
         beat.start()
+        started = time.monotonic()
         try:
             self.perform_job(job, queue, execution)
         finally:
             stop.set()
             beat.join()
-        if job.get_status(refresh=False) == JobStatus.FAILED:
+        outcome = job.get_status(refresh=False)
+        if outcome == JobStatus.FAILED:
             settle.settle_job(self.connection, queue.name, job.id)
+        report_job(self.connection, queue.name, str(getattr(outcome, "value", outcome)),
+                   time.monotonic() - started)
         self.set_state("idle")
 
     def handle_exception(self, job: Job, *exc_info) -> None:

@@ -1,0 +1,99 @@
+"""The dashboard's Flask application: the page, its live fragment, ``/metrics``, and the
+confirm-then-act steps of the actions.
+
+The page is plain server-rendered HTML; a few lines of script fetch ``/fragment`` every two
+seconds and swap it in (without script the page still works: reload it).
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlencode
+
+from flask import Flask, Response, redirect, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from dashboard import actions, chart, metrics
+from dashboard.actions import ActionRefused, Guard
+from dashboard.exports import Calendar
+from dashboard.model import Reader
+from jobs.runtime import Runtime
+from shardfarm.errors import FarmError
+
+log = logging.getLogger(__name__)
+MAX_LIMIT = 1000
+REFRESH_MS = 2000
+
+
+def create_app(rt: Runtime, guard: Guard) -> Flask:
+    """The application over one runtime (ledger, Redis) and one action guard."""
+    app = Flask(__name__)
+    reader, calendar = Reader(rt), Calendar(rt.ledger)
+    registry = metrics.registry(reader, calendar)
+    app.jinja_env.filters.update(num=_num, dur=chart.duration, pct=_pct)
+    app.jinja_env.globals.update(svg=chart.svg, actions_on=guard.allow, refresh_ms=REFRESH_MS)
+
+    def board_context() -> dict:
+        limit = min(max(request.args.get("limit", 50, type=int) or 50, 1), MAX_LIMIT)
+        board = reader.board(limit=limit, kind=request.args.get("kind") or None)
+        dates, tables, cells = calendar.grid()
+        return {"board": board, "limit": limit, "dates": dates, "tables": tables,
+                "cells": cells}
+
+    @app.get("/")
+    def index() -> str:
+        return render_template("index.html", note=request.args.get("note", "")[:200],
+                               **board_context())
+
+    @app.get("/fragment")
+    def fragment() -> str:
+        return render_template("live.html", **board_context())
+
+    @app.get("/metrics")
+    def scrape() -> Response:
+        return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.get("/confirm")
+    def confirm() -> str | tuple[str, int]:
+        if not guard.allow:
+            raise ActionRefused(403, "this dashboard is read-only (start it with "
+                                "--allow-actions and a token to act from it)")
+        req = actions.Request.parse(request.args.to_dict())
+        return render_template("confirm.html", req=req)
+
+    @app.post("/action")
+    def act() -> Response:
+        guard.check(_token_of(request))
+        req = actions.Request.parse(request.form.to_dict())
+        done = actions.perform(rt, req)
+        log.info("dashboard action: %s (from %s)", done, request.remote_addr)
+        return redirect("/?" + urlencode({"note": done}), code=303)
+
+    @app.errorhandler(ActionRefused)
+    def refused(exc: ActionRefused) -> tuple[str, int]:
+        return render_template("refused.html", why=str(exc)), exc.status
+
+    @app.errorhandler(FarmError)
+    def farm_error(exc: FarmError) -> tuple[str, int]:
+        return render_template("refused.html", why=str(exc).splitlines()[0]), 409
+
+    return app
+
+
+def _token_of(req) -> str | None:
+    """The token of a form post, or of ``Authorization: Bearer …`` for scripts."""
+    auth = req.headers.get("Authorization", "")
+    if auth.startswith("Bearer "):
+        return auth[len("Bearer "):]
+    return req.form.get("token")
+
+
+def _num(value: float | int | None) -> str:
+    """``12,345`` (``–`` when unknown)."""
+    return "–" if value is None else f"{value:,.0f}"
+
+
+def _pct(done: float, total: float | None) -> float:
+    """Percent done, 0 when the total is unknown or zero."""
+    return round(100.0 * done / total, 1) if total else 0.0
+

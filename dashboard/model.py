@@ -1,0 +1,147 @@
+"""What the dashboard shows, read the way ``farm status`` and ``farm runs`` read it.
+
+Every query is an aggregate that an index serves (a run's chunks by ``(run_id, state)``,
+the quarantine by ``(run_id, reason)``); nothing loads chunks one by one. A finished
+run's figures do not change until its status does, so they are kept (keyed by status and
+finish time); an active run's are read again at most every ``FRESH_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rq import Worker
+from rq.serializers import JSONSerializer
+
+from dashboard import chart
+from farmcore import keys
+from farmcore.progress import RunProgress, read_progress
+from jobs import status
+from jobs.runtime import Runtime
+
+FINISHED = ("done", "failed")
+FRESH_SECONDS = 1.5
+KEEP_FINISHED = 5000  # finished runs' figures kept at most
+FAILURES_SHOWN = 10
+
+
+@dataclass
+class RunCard:
+    """One run as the page shows it."""
+
+    row: dict                       # ``Ledger.list_runs`` row
+    progress: RunProgress
+    failures: list[dict] = field(default_factory=list)
+    quarantine: list[tuple[str, str, int]] = field(default_factory=list)
+    chart: list[tuple[float, float]] = field(default_factory=list)
+    throttled: str | None = None
+
+    @property
+    def active(self) -> bool:
+        """Still running or paused (not done, not failed)."""
+        return self.row["status"] not in FINISHED
+
+    @property
+    def state(self) -> str:
+        """``paused``, ``throttled`` or the run's status."""
+        if self.row["paused"] and self.active:
+            return "paused"
+        return "throttled" if self.throttled and self.active else self.row["status"]
+
+
+@dataclass
+class Board:
+    """Everything on the page at one moment."""
+
+    runs: list[RunCard]
+    workers: dict[str, dict]
+    queues: dict[str, dict]
+    at: datetime
+
+
+class Reader:
+    """Reads boards from one runtime, keeping finished runs' figures between reads."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._kept: dict[str, tuple[tuple, RunCard]] = {}
+        self._fresh: dict[str, tuple[float, RunCard]] = {}
+
+    def board(self, limit: int = 50, kind: str | None = None) -> Board:
+        """The newest ``limit`` runs (of ``kind``) with their figures, workers and queues."""
+        cards = [self.card(row) for row in self.rt.ledger.list_runs(kind, limit)]
+        self._throttles([c for c in cards if c.active])
+        (now,), = self.rt.ledger.pool.query("SELECT NOW(3)")
+        return Board(cards, self.workers([c for c in cards if c.active]),
+                     status.queues_view(self.rt), now)
+
+    def card(self, row: dict) -> RunCard:
+        """One run's card: kept while finished and unchanged, re-read when stale."""
+        run_id = row["run_id"]
+        key = (row["status"], row["finished_at"], row["chunks_done"], row["chunks_failed"])
+        kept = self._kept.get(run_id)
+        if kept and kept[0] == key and row["status"] in FINISHED:
+            return RunCard(row, kept[1].progress, kept[1].failures, kept[1].quarantine,
+                           kept[1].chart)
+        fresh = self._fresh.get(run_id)
+        if fresh and time.monotonic() - fresh[0] < FRESH_SECONDS \
+                and row["status"] not in FINISHED:
+            return RunCard(row, fresh[1].progress, fresh[1].failures, fresh[1].quarantine,
+                           fresh[1].chart)
+        card = self._read(row)
+        if row["status"] in FINISHED:
+            if len(self._kept) >= KEEP_FINISHED:
+                self._kept.clear()
+            self._kept[run_id] = (key, card)
+        else:
+            self._kept.pop(run_id, None)
+            self._fresh[run_id] = (time.monotonic(), card)
+        return card
+
+    def _read(self, row: dict) -> RunCard:
+        ledger, run_id = self.rt.ledger, row["run_id"]
+        progress = read_progress(ledger, run_id)
+        failures = ledger.failures(run_id, limit=FAILURES_SHOWN) if row["chunks_failed"] else []
+        return RunCard(row, progress, failures, ledger.quarantine.reasons(run_id),
+                       chart.series(ledger, run_id))
+
+    def _throttles(self, cards: list[RunCard]) -> None:
+        if not cards:
+            return
+        why = self.rt.redis.mget([keys.throttle(c.row["run_id"]) for c in cards])
+        for card, reason in zip(cards, why, strict=True):
+            card.throttled = reason.decode() if reason else None
+
+    def workers(self, active: list[RunCard]) -> dict[str, dict]:
+        """Per host: the supervisors' desired count and each worker with what it is doing
+        (the chunk it holds a lease on, else its rq job)."""
+        doing = self._leases([c.row["run_id"] for c in active])
+        hosts: dict[str, dict] = defaultdict(lambda: {"desired": None, "workers": []})
+        for host, summary in status.workers_view(self.rt).items():
+            hosts[host]["desired"] = summary["desired"]
+        for w in Worker.all(connection=self.rt.redis, serializer=JSONSerializer):
+            host = status.host_of(w)
+            pid = w.name.split(":")[1] if w.name.count(":") == 2 else str(w.pid)
+            job, state = w.get_current_job_id(), w.get_state()
+            hosts[host]["workers"].append({
+                "name": w.name, "state": str(getattr(state, "value", state)),
+                "doing": doing.get(f"{host}:{pid}") or (f"job {job}" if job else "")})
+        for h in hosts.values():
+            h["workers"].sort(key=lambda w: w["name"])
+        return dict(sorted(hosts.items()))
+
+    def _leases(self, run_ids: list[str]) -> dict[str, str]:
+        """``host:pid`` of each lease owner -> ``run R chunk N (kind)``, for active runs."""
+        if not run_ids:
+            return {}
+        marks = ",".join(["%s"] * len(run_ids))
+        out = {}
+        for owner, run_id, chunk_id, kind in self.rt.ledger.pool.query(
+                "SELECT lease_owner, run_id, chunk_id, kind FROM chunks WHERE run_id IN "
+                f"({marks}) AND state = 'running'", run_ids):
+            if owner:
+                out[":".join(owner.split(":")[:2])] = f"run {run_id} chunk {chunk_id} ({kind})"
+        return out

@@ -1,0 +1,142 @@
+"""The dashboard's page, fragment and actions (Flask's test client over the real ledger and
+Redis), and the command's one-line refusals (the real ``farm dashboard``)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from dashboard.actions import Guard
+from dashboard.app import create_app
+from farmcore import keys
+from tests.conftest import run_farm
+from tests.dashkit import TOKEN, make_run
+
+pytestmark = pytest.mark.usefixtures("park_leftover_runs")
+
+
+@pytest.fixture
+def client_for(rt):
+    def make(allow=False, token=None):
+        app = create_app(rt, Guard(allow=allow, token=token))
+        return app.test_client()
+    return make
+
+
+def test_page_shows_each_run_with_rows_chunks_failures_and_quarantine(rt, client_for):
+    run_id = make_run(rt.ledger, done=1, failed=1, pending=2,
+                      quarantined=[("pins", "17", "orphan_pin", None)])
+    page = client_for().get("/").get_data(as_text=True)
+    assert run_id in page and "read-only" in page
+    assert "100 / 400" in page and "1 / 4" in page and "1 failed" in page
+    assert "bad chunk on purpose" in page and "orphan_pin: 1" in page
+    assert "<svg" in page and 'id="workers"' in page and 'id="queues"' in page
+    assert "act-pause" not in page  # read-only: no action buttons
+
+
+def test_fragment_is_the_live_part_only(rt, client_for):
+    run_id = make_run(rt.ledger)
+    body = client_for().get("/fragment").get_data(as_text=True)
+    assert run_id in body and 'id="runs"' in body and "<html" not in body
+
+
+def test_a_throttled_run_says_why(rt, client_for):
+    run_id = make_run(rt.ledger)
+    rt.redis.set(keys.throttle(run_id), "TestA1 Threads_running 9 > 3", ex=30)
+    body = client_for().get("/fragment").get_data(as_text=True)
+    assert "state-throttled" in body and "Threads_running 9 &gt; 3" in body
+
+
+def test_read_only_refuses_every_action(rt, client_for):
+    run_id = make_run(rt.ledger)
+    client = client_for()
+    resp = client.post("/action", data={"action": "pause", "run_id": run_id, "token": TOKEN})
+    assert resp.status_code == 403 and "read-only" in resp.get_data(as_text=True)
+    assert client.get(f"/confirm?action=pause&run_id={run_id}").status_code == 403
+    assert rt.ledger.run(run_id)["paused"] is False
+
+
+@pytest.mark.parametrize("token", [None, "", "wrong", TOKEN + "x"])
+def test_actions_without_the_right_token_are_refused(rt, client_for, token):
+    run_id = make_run(rt.ledger)
+    data = {"action": "pause", "run_id": run_id}
+    if token is not None:
+        data["token"] = token
+    resp = client_for(True, TOKEN).post("/action", data=data)
+    assert resp.status_code == 403 and "wrong or missing token" in resp.get_data(as_text=True)
+    assert rt.ledger.run(run_id)["paused"] is False
+
+
+def test_allow_actions_needs_a_token():
+    with pytest.raises(Exception, match="needs a token"):
+        Guard(allow=True, token=None)
+
+
+def test_confirm_then_pause_and_the_token_is_never_shown_or_logged(rt, client_for, caplog):
+    caplog.set_level(logging.DEBUG)
+    run_id = make_run(rt.ledger)
+    client = client_for(True, TOKEN)
+    page = client.get("/").get_data(as_text=True)
+    assert "act-pause" in page and TOKEN not in page
+    confirm = client.get(f"/confirm?action=pause&run_id={run_id}").get_data(as_text=True)
+    assert f"Pause run {run_id}?" in confirm and TOKEN not in confirm
+    assert rt.ledger.run(run_id)["paused"] is False  # the confirmation step changed nothing
+    resp = client.post("/action", data={"action": "pause", "run_id": run_id, "token": TOKEN})
+    assert resp.status_code == 303 and TOKEN not in resp.headers["Location"]
+    assert rt.ledger.run(run_id)["paused"] is True
+    after = client.get(resp.headers["Location"]).get_data(as_text=True)
+    assert f"paused {run_id}" in after and "state-paused" in after and TOKEN not in after
+    assert TOKEN not in caplog.text
+
+
+def test_unpause_retry_failed_and_scale_with_a_bearer_token(rt, client_for):
+    run_id = make_run(rt.ledger, done=0, failed=1, pending=1)
+    rt.ledger.set_paused(run_id, True)
+    client, auth = client_for(True, TOKEN), {"Authorization": f"Bearer {TOKEN}"}
+    assert client.post("/action", data={"action": "unpause", "run_id": run_id},
+                       headers=auth).status_code == 303
+    assert rt.ledger.run(run_id)["paused"] is False
+    assert client.post("/action", data={"action": "retry-failed", "run_id": run_id},
+                       headers=auth).status_code == 303
+    assert rt.ledger.chunk(run_id, 0)["state"] == "pending"
+    assert client.post("/action", data={"action": "scale", "count": "3", "host": ""},
+                       headers=auth).status_code == 303
+    assert rt.redis.get(keys.desired_workers(None)) == b"3"
+
+
+@pytest.mark.parametrize(("form", "status", "says"), [
+    ({"action": "drop-everything"}, 400, "unknown action"),
+    ({"action": "scale", "count": "many"}, 400, "bad worker count"),
+    ({"action": "scale", "count": "2", "host": "a b"}, 400, "bad host"),
+    ({"action": "pause", "run_id": "no-such-run"}, 409, "no run &#39;no-such-run&#39;"),
+])
+def test_bad_action_requests_are_one_line(rt, client_for, form, status, says):
+    resp = client_for(True, TOKEN).post("/action", data={**form, "token": TOKEN})
+    assert resp.status_code == status and says in resp.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("bind", ["localhost", "127.0.0.1:", "127.0.0.1:99999", ":9181",
+                                  "127.0.0.1:http"])
+def test_a_bad_bind_is_one_line_and_exit_2(farm_env, bind):
+    out = run_farm(farm_env, "dashboard", "--bind", bind)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "--bind" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_allow_actions_without_a_token_is_exit_2(farm_env):
+    env = {k: v for k, v in farm_env.items() if k != "FARM_DASHBOARD_TOKEN"}
+    out = run_farm(env, "dashboard", "--allow-actions", "--bind", "127.0.0.1:1")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "--allow-actions needs a token" in out.stderr
+
+
+def test_a_port_in_use_is_one_line_and_exit_1(farm_env):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = run_farm(farm_env, "dashboard", "--bind", f"127.0.0.1:{port}")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "port is in use" in out.stderr and "Traceback" not in out.stderr

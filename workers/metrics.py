@@ -1,0 +1,88 @@
+"""A supervisor's Prometheus metrics (``farm workers --metrics-port``): what it observes of
+its own workers.
+
+Workers are separate processes, so they do not keep metrics of their own: when the
+supervisor serves metrics it hands each worker a Redis list (``FARM_METRICS_KEY``) where
+the worker pushes one small record per job it ends (queue, outcome, seconds); the
+supervisor drains it every tick into its job latency histogram. Workers by state are read
+from rq's worker registry for this supervisor's children.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Iterable
+
+import redis
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from rq import Worker
+from rq.serializers import JSONSerializer
+
+from shardfarm.errors import ConfigError
+
+ENV_KEY = "FARM_METRICS_KEY"
+KEEP = 10_000          # records a list holds at most while nobody drains it
+KEY_TTL = 3600
+DRAIN = 1000           # records taken per tick
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+
+def report_job(conn: redis.Redis, queue: str, outcome: str, seconds: float) -> None:
+    """From a worker: record one job's end, if this worker's supervisor collects them."""
+    key = os.environ.get(ENV_KEY)
+    if not key:
+        return
+    doc = json.dumps({"queue": queue, "outcome": outcome, "seconds": round(seconds, 6)})
+    pipe = conn.pipeline(transaction=False)
+    pipe.rpush(key, doc).ltrim(key, -KEEP, -1).expire(key, KEY_TTL)
+    pipe.execute()
+
+
+class SupervisorMetrics:
+    """The supervisor's registry: job latency histogram, jobs ended, workers by state."""
+
+    def __init__(self, host: str, key: str) -> None:
+        self.host, self.key = host, key
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.latency = Histogram("shardfarm_job_duration_seconds", "Seconds a job ran on a "
+                                 "worker of this supervisor, by queue and outcome.",
+                                 ["queue", "outcome"], buckets=BUCKETS, registry=self.registry)
+        self.ended = Counter("shardfarm_jobs_ended", "Jobs ended on this supervisor's "
+                             "workers, by queue and outcome.", ["queue", "outcome"],
+                             registry=self.registry)
+        self.workers = Gauge("shardfarm_supervisor_workers", "This supervisor's workers by "
+                             "state (desired, alive, and rq's busy / idle / …).",
+                             ["host", "state"], registry=self.registry)
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Start the HTTP endpoint (a thread); a port in use is one line."""
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise ConfigError(f"cannot serve metrics on {addr}:{port}: {why} "
+                              "(choose another --metrics-port)") from None
+
+    def drain(self, conn: redis.Redis) -> int:
+        """Move the workers' job records into the histogram; returns how many."""
+        records = conn.lpop(self.key, DRAIN) or []
+        for raw in records:
+            doc = json.loads(raw)
+            self.latency.labels(doc["queue"], doc["outcome"]).observe(doc["seconds"])
+            self.ended.labels(doc["queue"], doc["outcome"]).inc()
+        return len(records)
+
+    def observe_workers(self, conn: redis.Redis, pids: Iterable[int], desired: int) -> None:
+        """Workers of this supervisor by state, from rq's registry of workers."""
+        mine = set(pids)
+        states: dict[str, int] = {"busy": 0, "idle": 0}
+        for w in Worker.all(connection=conn, serializer=JSONSerializer):
+            if w.pid in mine:
+                state = w.get_state()
+                state = str(getattr(state, "value", state))
+                states[state] = states.get(state, 0) + 1
+        states.update(desired=desired, alive=len(mine))
+        for state, n in states.items():
+            self.workers.labels(self.host, state).set(n)
