@@ -128,9 +128,7 @@ def rq_queue_keys(conn: redis.Redis, name: str) -> int:
     """Delete one rq queue: its waiting jobs, every registry and the jobs they hold."""
     q = Queue(name, connection=conn, serializer=JSONSerializer)
     n = 0
-    for registry in (q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
-                     q.deferred_job_registry, q.scheduled_job_registry,
-                     q.canceled_job_registry, q.ready_job_registry):
+    for registry in _registries(q):
         for job_id in registry.get_job_ids(cleanup=False):
             n += _delete_job(conn, job_id)
         n += conn.delete(registry.key)
@@ -156,9 +154,15 @@ def _delete_job(conn: redis.Redis, job_id: str) -> int:
 def queue_jobs(conn: redis.Redis, name: str) -> int:
     """Jobs of one rq queue, waiting or in any registry (what ``rq_queue_keys`` deletes)."""
     q = Queue(name, connection=conn, serializer=JSONSerializer)
-    return q.count + sum(r.count for r in (
-        q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
-        q.deferred_job_registry, q.scheduled_job_registry, q.canceled_job_registry))
+    return q.count + sum(r.get_job_count(cleanup=False)  # counting changes nothing
+                         for r in _registries(q))
+
+
+def _registries(q: Queue) -> tuple:
+    """Every job registry rq keeps for queue ``q``."""
+    return (q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
+            q.deferred_job_registry, q.scheduled_job_registry, q.canceled_job_registry,
+            q.ready_job_registry)
 
 
 def rq_worker_keys(conn: redis.Redis, queues: set[str], dry: bool = False) -> int:

@@ -210,10 +210,15 @@ def _other_application(r: redis.Redis) -> tuple[set[bytes], list[str]]:
     return set(r.scan_iter()) - before, [j.id for j in jobs]
 
 
+def _lasting(r: redis.Redis) -> set[bytes]:
+    """Keys without a time to live (leases come and go by themselves)."""
+    return {k for k in r.scan_iter() if r.ttl(k) == -1}
+
+
 def _nothing_removed_unless_confirmed(env: dict, port: int, r: redis.Redis) -> None:
     """--dry-run names what --clean removes and removes nothing; on a terminal, 'n' neither
     (databases and keys counted independently, by SQL and SCAN)."""
-    dbs, keys = _databases(port), set(r.scan_iter())
+    dbs, keys = _databases(port), _lasting(r)
     rows = _sql(port, "SELECT COUNT(*) FROM legacy.users")
     out = run_farm(env, "demo", "--clean", "--dry-run")
     assert out.returncode == 0, out.stderr
@@ -223,12 +228,13 @@ def _nothing_removed_unless_confirmed(env: dict, port: int, r: redis.Redis) -> N
     assert (shards["databases"], shards["first"], shards["last"]) == (4, "db00000", "db00003")
     assert plan["databases"]["mod-bucket"][f"127.0.0.1:{port}"]["databases"] == 64
     assert plan["databases"]["legacy"][f"127.0.0.1:{port}"]["tables"]["users"] == rows[0][0]
-    assert plan["redis"]["keys"]["farm:*"] == len([k for k in keys if k.startswith(b"farm:")])
+    farm = [k for k in keys if k.startswith(b"farm:")]
+    assert len(farm) <= plan["redis"]["keys"]["farm:*"] <= len(farm) + 3  # + leader leases
     assert "drop 4 shard database(s) db00000 … db00003 on 127.0.0.1:" in out.stdout
     code, shown = in_tty(env, "demo", "--clean", answer="n\n")
     assert code == 1 and "not confirmed: nothing was removed" in shown
     assert "drop 64 mod-bucket database(s) mod00000 … mod00063" in shown
-    assert _databases(port) == dbs and set(r.scan_iter()) == keys
+    assert _databases(port) == dbs and _lasting(r) == keys
     assert _sql(port, "SELECT COUNT(*) FROM legacy.users") == rows
 
 
