@@ -8,8 +8,10 @@ seconds and swap it in (without script the page still works: reload it).
 from __future__ import annotations
 
 import logging
+import threading
 from urllib.parse import urlencode
 
+import redis
 from flask import Flask, Response, redirect, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,24 +23,29 @@ from jobs.runtime import Runtime
 from shardfarm.errors import FarmError
 
 log = logging.getLogger(__name__)
-MAX_LIMIT = 1000
+MAX_LIMIT = 200
 REFRESH_MS = 2000
 
 
-def create_app(rt: Runtime, guard: Guard) -> Flask:
-    """The application over one runtime (ledger, Redis) and one action guard."""
+def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
+    """The application over one runtime (ledger, Redis) and one action guard; ``warm``: read
+    the first page's runs in the background now, so the first visitor waits less."""
     app = Flask(__name__)
     reader, calendar = Reader(rt), Calendar(rt.ledger)
+    if warm:
+        threading.Thread(target=_warm, args=(reader,), daemon=True).start()
     registry = metrics.registry(reader, calendar)
     app.jinja_env.filters.update(num=_num, dur=chart.duration, pct=_pct)
     app.jinja_env.globals.update(svg=chart.svg, actions_on=guard.allow, refresh_ms=REFRESH_MS)
 
     def board_context() -> dict:
         limit = min(max(request.args.get("limit", 50, type=int) or 50, 1), MAX_LIMIT)
-        board = reader.board(limit=limit, kind=request.args.get("kind") or None)
+        page = max(request.args.get("page", 1, type=int) or 1, 1)
+        kind = request.args.get("kind") or None
+        board = reader.board(limit=limit, kind=kind, offset=(page - 1) * limit)
         dates, tables, cells = calendar.grid()
-        return {"board": board, "limit": limit, "dates": dates, "tables": tables,
-                "cells": cells}
+        return {"board": board, "limit": limit, "page": page, "kind": kind or "",
+                "dates": dates, "tables": tables, "cells": cells}
 
     @app.get("/")
     def index() -> str:
@@ -78,6 +85,14 @@ def create_app(rt: Runtime, guard: Guard) -> Flask:
         return render_template("refused.html", why=str(exc).splitlines()[0]), 409
 
     return app
+
+
+def _warm(reader: Reader) -> None:
+    """Read the first page once; a failure here is only logged (the page says it again)."""
+    try:
+        reader.board()
+    except (FarmError, OSError, redis.RedisError) as exc:
+        log.warning("dashboard warm-up: %s", str(exc).splitlines()[0] if str(exc) else exc)
 
 
 def _token_of(req) -> str | None:

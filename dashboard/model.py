@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from rq import Worker
@@ -23,8 +23,11 @@ from jobs import status
 from jobs.runtime import Runtime
 
 FINISHED = ("done", "failed")
-FRESH_SECONDS = 1.5
+FRESH_SECONDS = 1.5  # an active run is read again after this, or 3x its last read's time
+RUN_COLUMNS = ("run_id", "kind", "status", "paused", "total_chunks", "created_at",
+               "finished_at")
 KEEP_FINISHED = 5000  # finished runs' figures kept at most
+CHARTED = 10  # the newest runs drawn with a chart (and every active one)
 FAILURES_SHOWN = 10
 
 
@@ -32,11 +35,11 @@ FAILURES_SHOWN = 10
 class RunCard:
     """One run as the page shows it."""
 
-    row: dict                       # ``Ledger.list_runs`` row
+    row: dict                       # the run's row (``RUN_COLUMNS``)
     progress: RunProgress
     failures: list[dict] = field(default_factory=list)
     quarantine: list[tuple[str, str, int]] = field(default_factory=list)
-    chart: list[tuple[float, float]] = field(default_factory=list)
+    chart: list[tuple[float, float]] | None = None  # None: not read
     throttled: str | None = None
 
     @property
@@ -70,43 +73,62 @@ class Reader:
         self._kept: dict[str, tuple[tuple, RunCard]] = {}
         self._fresh: dict[str, tuple[float, RunCard]] = {}
 
-    def board(self, limit: int = 50, kind: str | None = None) -> Board:
-        """The newest ``limit`` runs (of ``kind``) with their figures, workers and queues."""
-        cards = [self.card(row) for row in self.rt.ledger.list_runs(kind, limit)]
+    def board(self, limit: int = 50, kind: str | None = None, offset: int = 0) -> Board:
+        """The newest ``limit`` runs (of ``kind``, after skipping ``offset``) with their
+        figures, workers and queues. Charts for active runs and the newest few."""
+        rows = self.run_rows(limit, kind, offset)
+        cards = [self.card(row, charted=row["status"] not in FINISHED or i + offset < CHARTED)
+                 for i, row in enumerate(rows)]
         self._throttles([c for c in cards if c.active])
         (now,), = self.rt.ledger.pool.query("SELECT NOW(3)")
         return Board(cards, self.workers([c for c in cards if c.active]),
                      status.queues_view(self.rt), now)
 
-    def card(self, row: dict) -> RunCard:
-        """One run's card: kept while finished and unchanged, re-read when stale."""
+    def run_rows(self, limit: int, kind: str | None = None, offset: int = 0) -> list[dict]:
+        """The newest runs' rows alone (the ``runs`` table by its ``created_at`` index): a
+        run's chunk totals come with its progress, read only when it may have changed."""
+        where, params = ("WHERE kind = %s", [kind]) if kind else ("", [])
+        rows = self.rt.ledger.pool.query(
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM runs {where} ORDER BY created_at DESC "
+            "LIMIT %s OFFSET %s", [*params, limit, offset])
+        out = [dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows]
+        for r in out:
+            r["paused"] = bool(r["paused"])
+        return out
+
+    def card(self, row: dict, charted: bool = True) -> RunCard:
+        """One run's card: kept while finished and unchanged, re-read when stale; its chart
+        read when asked for."""
+        card = self._cached(row) or self._read(row)
+        if charted and card.chart is None:
+            card.chart = chart.series(self.rt.ledger, row["run_id"])
+        return replace(card, row=row)
+
+    def _cached(self, row: dict) -> RunCard | None:
         run_id = row["run_id"]
-        key = (row["status"], row["finished_at"], row["chunks_done"], row["chunks_failed"])
         kept = self._kept.get(run_id)
-        if kept and kept[0] == key and row["status"] in FINISHED:
-            return RunCard(row, kept[1].progress, kept[1].failures, kept[1].quarantine,
-                           kept[1].chart)
-        fresh = self._fresh.get(run_id)
-        if fresh and time.monotonic() - fresh[0] < FRESH_SECONDS \
-                and row["status"] not in FINISHED:
-            return RunCard(row, fresh[1].progress, fresh[1].failures, fresh[1].quarantine,
-                           fresh[1].chart)
-        card = self._read(row)
         if row["status"] in FINISHED:
-            if len(self._kept) >= KEEP_FINISHED:
-                self._kept.clear()
-            self._kept[run_id] = (key, card)
-        else:
-            self._kept.pop(run_id, None)
-            self._fresh[run_id] = (time.monotonic(), card)
-        return card
+            return kept[1] if kept and kept[0] == _key(row) else None
+        fresh = self._fresh.get(run_id)
+        return fresh[1] if fresh and time.monotonic() < fresh[0] else None
 
     def _read(self, row: dict) -> RunCard:
         ledger, run_id = self.rt.ledger, row["run_id"]
+        began = time.monotonic()
         progress = read_progress(ledger, run_id)
-        failures = ledger.failures(run_id, limit=FAILURES_SHOWN) if row["chunks_failed"] else []
-        return RunCard(row, progress, failures, ledger.quarantine.reasons(run_id),
-                       chart.series(ledger, run_id))
+        failures = ledger.failures(run_id, limit=FAILURES_SHOWN) if progress.chunks_failed \
+            else []
+        card = RunCard(row, progress, failures, ledger.quarantine.reasons(run_id))
+        self._fresh.pop(run_id, None)
+        if row["status"] in FINISHED:
+            if len(self._kept) >= KEEP_FINISHED:
+                self._kept.clear()
+            self._kept[run_id] = (_key(row), card)
+        else:
+            self._kept.pop(run_id, None)
+            took = time.monotonic() - began
+            self._fresh[run_id] = (time.monotonic() + max(FRESH_SECONDS, 3 * took), card)
+        return card
 
     def _throttles(self, cards: list[RunCard]) -> None:
         if not cards:
@@ -145,3 +167,8 @@ class Reader:
             if owner:
                 out[":".join(owner.split(":")[:2])] = f"run {run_id} chunk {chunk_id} ({kind})"
         return out
+
+
+def _key(row: dict) -> tuple:
+    """What changes when a finished run's figures may have (retry-failed reopens it)."""
+    return (row["status"], row["finished_at"], row["total_chunks"])

@@ -39,7 +39,7 @@ def guard_from(allow: bool, token: str | None) -> Guard:
 def serve(rt: Runtime, bind: str, guard: Guard, ready: Callable[[str], None] | None = None) -> None:
     """Serve until interrupted. A port in use or a host that does not resolve is one line."""
     host, port = parse_bind(bind)
-    app = create_app(rt, guard)
+    app = create_app(rt, guard, warm=True)
     try:
         server = create_server(app, host=host, port=port, threads=THREADS, ident="shardfarm")
     except OSError as exc:
