@@ -48,9 +48,18 @@ class PartWriter(ABC):
     def write(self, data: bytes) -> None:
         """Append bytes."""
 
-    @abstractmethod
     def commit(self) -> None:
-        """Make the whole object visible at once."""
+        """Make the whole object visible at once (``prepare`` then ``publish``)."""
+        self.prepare()
+        self.publish()
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Make everything written durable where it waits, still invisible."""
+
+    @abstractmethod
+    def publish(self) -> None:
+        """After ``prepare``: the fence, then the object becomes visible whole."""
 
     @abstractmethod
     def abort(self) -> None:
@@ -68,6 +77,7 @@ class Destination(ABC):
     """An export root: write parts atomically, read small objects back, list, delete."""
 
     url: str
+    parallel_publish = False  # whether several parts are best made visible at once
 
     @abstractmethod
     def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
@@ -97,6 +107,15 @@ class Destination(ABC):
     def exists(self, key: str) -> bool:
         """Whether the object exists."""
         return self.size(key) is not None
+
+    def sizes(self, folder: str, names: list[str]) -> dict[str, int]:
+        """The size of each of ``names`` (files of ``folder``) that exists."""
+        return {n: size for n in names if (size := self.size(folder + n)) is not None}
+
+    def sync(self, folder: str) -> None:
+        """After a group of parts of ``folder`` was published: make their names durable
+        (nothing by default)."""
+        return None
 
     def drop_leftovers(self, key: str) -> None:
         """Before an export part is written again: remove what earlier, dead attempts at
@@ -144,22 +163,32 @@ class FileWriter(PartWriter):
         self.f.write(data)
 
     def commit(self) -> None:
+        super().commit()
+        sync_dir(self.target.parent)
+
+    def prepare(self) -> None:
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
+
+    def publish(self) -> None:
         self.fence()  # the last word before the rename: nothing slow may come between
         os.replace(self.tmp, self.target)
-        fd = os.open(self.target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     def abort(self) -> None:
         with suppress(OSError):
             self.f.close()
         with suppress(FileNotFoundError):
             self.tmp.unlink()
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a directory: the names renamed into it are durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class FileDestination(Destination):
@@ -177,6 +206,11 @@ class FileDestination(Destination):
 
     def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
         return FileWriter(self._path(key), fence)
+
+    def sync(self, folder: str) -> None:
+        path = self._path(folder)
+        if path.is_dir():
+            sync_dir(path)
 
     def drop_leftovers(self, key: str) -> None:
         """Delete the temp files of ``key`` (a SIGKILLed writer cannot clean up). Only the
@@ -279,15 +313,17 @@ class S3Writer(PartWriter):
         if number % 1000 == 0 and number < MAX_PARTS:
             self.part_size *= 2
 
-    def commit(self) -> None:
+    def prepare(self) -> None:
+        if self.upload_id is not None and (self.buf or not self.parts):
+            self._flush_part()
+
+    def publish(self) -> None:
         if self.upload_id is None:
             body = bytes(self.buf)
             meta = {SHA256_META: hashlib.sha256(body).hexdigest()}
             self.fence()  # the last word before the object appears
             self._call("put_object", self.client.put_object, Body=body, Metadata=meta)
         else:
-            if self.buf or not self.parts:
-                self._flush_part()
             self.fence()  # the last word before the upload completes
             self._call("complete_multipart_upload", self.client.complete_multipart_upload,
                        UploadId=self.upload_id, MultipartUpload={"Parts": self.parts})
@@ -309,6 +345,8 @@ class S3Destination(Destination):
     """A bucket and prefix through boto3 (endpoint and credentials as boto3 reads them,
     ``AWS_ENDPOINT_URL`` included)."""
 
+    parallel_publish = True  # one HTTP request each: several at a time
+
     def __init__(self, bucket: str, prefix: str = "", client=None) -> None:
         self.bucket, self.prefix = bucket, prefix
         self.url = f"s3://{bucket}/{prefix}".rstrip("/")
@@ -327,6 +365,26 @@ class S3Destination(Destination):
 
     def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
         return S3Writer(self.client, self.bucket, self._key(key), fence=fence)
+
+    def sizes(self, folder: str, names: list[str]) -> dict[str, int]:
+        """One listing of ``folder`` from just before the first of ``names`` to the last."""
+        if not names:
+            return {}
+        full, want, out = self._key(folder), set(names), {}
+        first, last = min(names), max(names)
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full, StartAfter=full + first[:-1])
+            for page in pages:
+                for o in page.get("Contents", []):
+                    name = o["Key"][len(full):]
+                    if name > last:
+                        return out
+                    if name in want:
+                        out[name] = int(o["Size"])
+        except Exception as exc:  # noqa: BLE001 - translated
+            raise _s3_error(exc, f"list_objects_v2 {self.bucket}/{full}") from None
+        return out
 
     def sha256(self, key: str) -> str | None:
         """From the object's metadata (single PUTs carry it), else by reading it through."""

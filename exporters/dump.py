@@ -109,6 +109,18 @@ def snapshot(host: Host, shard: int) -> Iterator[pymysql.Connection]:
             conn.close()
 
 
+def nonempty(conn: pymysql.Connection, table: str, shards: list[int]) -> set[int]:
+    """Which of ``shards`` hold a row of ``table``, in one round trip (inside the snapshot,
+    so an empty part is exactly what a full read would have found)."""
+    if not shards:
+        return set()
+    sql = " UNION ALL ".join(f"SELECT {int(s)} FROM DUAL WHERE EXISTS (SELECT 1 FROM "
+                             f"{shard_table(s, table)})" for s in shards)
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return {int(r[0]) for r in cur.fetchall()}
+
+
 def _object_line_sql(table: str, shard: int) -> tuple[str, tuple]:
     base = ids.encode(shard, OBJECT_TABLES[table], 1) - 1
     sql = (f"SELECT CONCAT('{{\"id\":', %s + local_id, ',\"shard\":{shard},\"local_id\":', "

@@ -1,11 +1,13 @@
 """``farm export``: every (table, shard) of the map to ``{dest}/{table}/dt={date}/``.
 
-One chunk per (table, shard) writes ``part-{shard:05d}.jsonl.gz`` (or
-``.parquet``) from one consistent snapshot of that shard table, streamed, and
-records the part's rows, bytes and sha256 in the control database
-(``export_parts``). The chunk that completes a table — every shard of the run
-recorded — writes ``_manifest.json`` and then ``_SUCCESS``; two chunks that
-complete at once write the same manifest twice, which is harmless.
+Each shard's table becomes one ``part-{shard:05d}.jsonl.gz`` (or ``.parquet``), streamed
+from a consistent snapshot, and its rows, bytes and sha256 are recorded in the control
+database (``export_parts``). A chunk covers a run of up to ``SHARDS_PER_CHUNK`` shards of
+one table on one server (``exporters.chunkparts``: one connection and one snapshot for the
+run, bookkeeping per group of parts, empty shards written without reading them). The chunk
+that completes a table — every shard of the run recorded — writes ``_manifest.json`` and
+then ``_SUCCESS``; two chunks that complete at once write the same manifest twice, which
+is harmless.
 
 A re-export of the same date skips a part whose manifest entry (or, before any
 manifest, whose record) matches the object that is there, size and sha256, unless
@@ -16,8 +18,9 @@ Fenced to the end: one run at a time writes a folder (``PartLog.claim``; a secon
 run's chunks wait), and every step that makes something visible there (a part's
 rename or upload completion, withdrawing ``_SUCCESS``, the manifest, ``_SUCCESS``)
 is preceded at once by the chunk's fence (``ChunkContext.fence``, which renews the
-lease by compare-and-set): an attempt whose lease was taken over, or may have
-expired, stops before it can replace what its successor finished.
+lease by compare-and-set; for a group of parts ``fence_fresh``): an attempt whose lease
+was taken over, or may have expired, stops before it can replace what its successor
+finished.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-from exporters import dump, formats
+from exporters import chunkparts, dump, formats
+from exporters.chunkparts import part_name
 from exporters.destinations import Destination, Fence, open_destination
 from exporters.partlog import FolderBusyError, Part, PartLog
 from farmcore.context import ChunkContext
@@ -35,13 +39,13 @@ from farmcore.ledger import ChunkSpec, Ledger, Outcome
 from shardfarm.errors import UsageError
 from shardfarm.mysql.dsn import Host
 from sharding.router import Router
-from sharding.schema import OBJECT_TABLES
 
 log = logging.getLogger(__name__)
 HANDLER = "exporters.export.export_chunk"
-MANIFEST = "_manifest.json"
+MANIFEST = chunkparts.MANIFEST
 SUCCESS = "_SUCCESS"
 ROLES = ("master", "slave")
+SHARDS_PER_CHUNK = 64
 
 
 def check_date(text: str) -> str:
@@ -59,15 +63,24 @@ def folder_of(table: str, date: str) -> str:
     return f"{table}/dt={date}/"
 
 
-def part_name(shard: int, fmt: str) -> str:
-    """``part-00042.jsonl.gz``."""
-    return f"part-{shard:05d}.{formats.EXTENSIONS[fmt]}"
+def shard_runs(router: Router, role: str, size: int) -> list[list[int]]:
+    """The map's shards in runs of at most ``size`` consecutive shards on one server."""
+    runs: list[list[int]] = []
+    server = None
+    for s in router.shardmap.shards():
+        here = router.host_for(s, role).server
+        if runs and here == server and len(runs[-1]) < size:
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+        server = here
+    return runs
 
 
 def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = None,
-         fmt: str = "jsonl", role: str = "master", force: bool = False
-         ) -> tuple[dict, list[ChunkSpec]]:
-    """Check the request and return run params plus one chunk per (table, shard)."""
+         fmt: str = "jsonl", role: str = "master", force: bool = False,
+         shards_per_chunk: int = SHARDS_PER_CHUNK) -> tuple[dict, list[ChunkSpec]]:
+    """Check the request and return run params plus one chunk per (table, run of shards)."""
     date = check_date(date)
     tables = dump.check_tables(list(tables or []))
     fmt = formats.check_format(fmt)
@@ -75,10 +88,10 @@ def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = No
         raise UsageError(f"bad --from {role!r} (expected master or slave)")
     dest = open_destination(dest_url)
     dest.check()
-    chunks = [ChunkSpec(t, {"table": t, "shard": s})
-              for t in tables for s in router.shardmap.shards()]
+    runs = shard_runs(router, role, shards_per_chunk)
+    chunks = [ChunkSpec(t, {"table": t, "shards": run}) for t in tables for run in runs]
     params = {"kinds": tables, "date": date, "dest": dest.url, "format": fmt, "from": role,
-              "force": bool(force)}
+              "force": bool(force), "parts": sum(len(r) for r in runs)}
     return params, chunks
 
 
@@ -100,74 +113,50 @@ def refuse_overlap(ledger: Ledger, params: dict) -> None:
 
 
 # -- the chunk ------------------------------------------------------------------------------
-def _checked(check: Callable[[], None], batches: Iterator) -> Iterator:
-    for batch in batches:
-        check()
-        yield batch
-
-
-def _claimed(dest: Destination, log_: PartLog, folder: str, name: str) -> Part | None:
-    """What the manifest (or else the record) says part ``name`` of ``folder`` is."""
-    raw = dest.read(folder + MANIFEST)
-    if raw is not None:
-        try:
-            e = {e["path"]: e for e in json.loads(raw)["files"]}.get(name)
-            if e is not None:
-                return Part(name, e["shard"], e["rows"], e["bytes"], e["sha256"])
-        except (ValueError, KeyError, TypeError):
-            pass
-    return log_.get(folder, name)
-
-
-def _intact(dest: Destination, log_: PartLog, folder: str, name: str) -> Part | None:
-    """The part already there, if its size and sha256 match its manifest entry (or else
-    its record)."""
-    size = dest.size(folder + name)
-    if size is None:
-        return None
-    want = _claimed(dest, log_, folder, name)
-    if want is None or want.bytes != size or dest.sha256(folder + name) != want.sha256:
-        return None
-    return want
-
-
 def dump_part(host: Host, shard: int, table: str, fmt: str, dest: Destination, key: str,
               check: Callable[[], None] = lambda: None, fence: Fence | None = None) -> Part:
-    """Stream ``table`` of ``shard`` from ``host`` into the object ``key``; visible only
-    once whole. ``check`` runs between batches (a chunk's lease check), ``fence``
-    immediately before the part becomes visible (default: ``check``)."""
-    kind = "object" if table in OBJECT_TABLES else "mapping"
-    dest.drop_leftovers(key)  # a dead attempt's temp file of this part
-    with dump.snapshot(host, shard) as conn, dest.open_part(key, fence or check) as w:
-        out = formats.Hashed(w)
-        source = (dump.lines(conn, table, shard) if fmt == "jsonl"
-                  else dump.columns(conn, table, shard))
-        rows = formats.write_part(fmt, out, kind, dump.prefetched(_checked(check, source)))
-        check()
-        w.commit()
-    return Part(key.rsplit("/", 1)[-1], shard, rows, out.bytes, out.sha256)
+    """Stream ``table`` of ``shard`` from ``host`` into the object ``key`` over a connection
+    and snapshot of its own; visible only once whole. ``check`` runs between batches (a
+    chunk's lease check), ``fence`` immediately before the part becomes visible (default:
+    ``check``)."""
+    with dump.snapshot(host, shard) as conn:
+        w, part = chunkparts.write_part(conn, shard, table, fmt, dest, key, check,
+                                        fence or check, empty=False)
+    with w:
+        w.publish()
+    dest.sync(key.rsplit("/", 1)[0] + "/")
+    return part
 
 
-def export_chunk(ctx: ChunkContext, table: str, shard: int) -> Outcome:
-    """Chunk handler: export ``table`` of ``shard`` as one part, then finalize if it was last."""
+def export_chunk(ctx: ChunkContext, table: str, shard: int | None = None,
+                 shards: list[int] | None = None) -> Outcome:
+    """Chunk handler: export ``table`` of each of ``shards`` (or of one ``shard``: runs
+    planned before chunks covered several) as one part each, then finalize if it was last."""
     p = ctx.params
+    shards = [int(s) for s in (shards if shards is not None else [shard])]
     date, fmt = p["date"], p["format"]
     dest = open_destination(p["dest"])
     parts = PartLog(ctx.ledger.pool, dest.url)
-    folder, name = folder_of(table, date), part_name(shard, fmt)
+    folder = folder_of(table, date)
     parts.claim(folder, ctx.run_id)  # one run at a time writes a folder
-    part = None if p.get("force") else _intact(dest, parts, folder, name)
-    skipped = part is not None
-    if part is None:
+    names = {part_name(s, fmt): s for s in shards}
+    there = {} if p.get("force") else chunkparts.intact(dest, parts, folder, list(names))
+    todo = [s for n, s in names.items() if n not in there]
+    written: list[Part] = []
+    if todo:
         withdraw(dest, folder, ctx.fence)  # changing: no success marker until final
-        host = ctx.router.host_for(shard, p.get("from", "master"))
-        part = dump_part(host, shard, table, fmt, dest, folder + name, ctx.check, ctx.fence)
+        role = p.get("from", "master")
+        written = chunkparts.write_parts(
+            lambda s: ctx.router.host_for(s, role), table, fmt, dest, folder, todo,
+            lambda got: parts.record_many(folder, got, ctx.run_id), ctx.check,
+            ctx.fence_fresh)
     ctx.check()
-    parts.record(folder, part, ctx.run_id)
+    parts.record_many(folder, list(there.values()), ctx.run_id)  # confirmed for this run
     finalize(ctx, dest, parts, table)
-    done = 0 if skipped else part.rows
-    return Outcome(rows_read=done, rows_written=done,
-                   counts={"table": table, **part.entry(), "skipped": skipped})
+    rows = sum(q.rows for q in written)
+    return Outcome(rows_read=rows, rows_written=rows,
+                   counts={"table": table, "parts": len(shards), "written": len(written),
+                           "skipped": len(there), "bytes": sum(q.bytes for q in written)})
 
 
 def manifest_doc(table: str, date: str, fmt: str, parts: list[Part]) -> dict:
@@ -185,9 +174,9 @@ def finalize(ctx: ChunkContext, dest: Destination, parts: PartLog, table: str) -
     """
     p = ctx.params
     folder = folder_of(table, p["date"])
-    expected = next((k["total"] for k in ctx.ledger.progress(ctx.run_id)
-                     if k["kind"] == table), None)
-    if expected is None or len(parts.of_run(folder, ctx.run_id)) < expected:
+    expected = p.get("parts") or next((k["total"] for k in ctx.ledger.progress(ctx.run_id)
+                                       if k["kind"] == table), None)  # one shard a chunk
+    if expected is None or parts.count_of_run(folder, ctx.run_id) < expected:
         return False
     with parts.lock(folder):  # one finalizer at a time: the second finds it all written
         have = parts.of_run(folder, ctx.run_id)

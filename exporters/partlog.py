@@ -61,20 +61,41 @@ class PartLog:
 
     def record(self, folder: str, part: Part, run_id: str) -> None:
         """Remember that ``part`` is in ``folder`` as written (or confirmed) by ``run_id``."""
+        self.record_many(folder, [part], run_id)
+
+    def record_many(self, folder: str, parts: list[Part], run_id: str) -> None:
+        """``record`` for several parts of ``folder`` in one statement."""
+        if not parts:
+            return
+        key = ref(self.dest, folder)
+        rows = [(ref(self.dest, folder + p.path), key, self.dest, folder + p.path, p.shard,
+                 p.rows, p.bytes, p.sha256, run_id) for p in parts]
+        marks = ",".join(["(%s,%s,%s,%s,%s,%s,%s,%s,%s)"] * len(rows))
         self.pool.execute("INSERT INTO export_parts (ref, folder, dest, path, shard, "
-                          "row_count, bytes, sha256, run_id) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                          f"row_count, bytes, sha256, run_id) VALUES {marks} "
                           "ON DUPLICATE KEY UPDATE shard = VALUES(shard), "
                           "row_count = VALUES(row_count), bytes = VALUES(bytes), "
                           "sha256 = VALUES(sha256), run_id = VALUES(run_id), written_at = NOW(3)",
-                          (ref(self.dest, folder + part.path), ref(self.dest, folder), self.dest,
-                           folder + part.path, part.shard, part.rows, part.bytes, part.sha256,
-                           run_id))
+                          [v for row in rows for v in row])
 
     def get(self, folder: str, name: str) -> Part | None:
         """The recorded part ``name`` of ``folder``, if any."""
-        rows = self.pool.query("SELECT shard, row_count, bytes, sha256 FROM export_parts "
-                               "WHERE ref = %s", (ref(self.dest, folder + name),))
-        return Part(name, rows[0][0], rows[0][1], rows[0][2], rows[0][3]) if rows else None
+        return self.get_many(folder, [name]).get(name)
+
+    def get_many(self, folder: str, names: list[str]) -> dict[str, Part]:
+        """The recorded parts among ``names`` of ``folder``, by name (one query)."""
+        if not names:
+            return {}
+        by_ref = {ref(self.dest, folder + n): n for n in names}
+        marks = ",".join(["%s"] * len(by_ref))
+        rows = self.pool.query("SELECT ref, shard, row_count, bytes, sha256 FROM export_parts "
+                               f"WHERE ref IN ({marks})", list(by_ref))
+        return {by_ref[r]: Part(by_ref[r], s, n, b, h) for r, s, n, b, h in rows}
+
+    def count_of_run(self, folder: str, run_id: str) -> int:
+        """How many parts of ``folder`` ``run_id`` recorded."""
+        return int(self.pool.query("SELECT COUNT(*) FROM export_parts WHERE folder = %s "
+                                   "AND run_id = %s", (ref(self.dest, folder), run_id))[0][0])
 
     def of_run(self, folder: str, run_id: str) -> list[Part]:
         """Parts of ``folder`` recorded by ``run_id``, by shard."""

@@ -33,11 +33,13 @@ class ChunkContext:
     time_limit: float | None = None  # time.monotonic() by which the attempt must end
     lease_seconds: float = 60.0
     deadline: float = math.inf  # time.monotonic() by which the lease may have expired
+    renewed: float = -math.inf  # time.monotonic() when the last renewal was sent
 
     def extended(self, since: float) -> None:
         """The lease was renewed by a statement sent at ``since`` (``time.monotonic()``):
         it holds until ``since + lease_seconds`` at least; stop a margin before that."""
         self.deadline = since + self.lease_seconds - min(5.0, self.lease_seconds / 5)
+        self.renewed = max(self.renewed, since)
 
     @property
     def token(self) -> FenceToken:
@@ -75,6 +77,15 @@ class ChunkContext:
         """
         self.check()
         self.renew()
+
+    def fence_fresh(self, within: float = 1.0) -> None:
+        """``fence()``, unless a renewal was sent less than ``within`` seconds ago: then that
+        renewal is the proof (no other attempt can take the chunk before it ends) and only
+        ``check()`` runs. For a group of parts made visible one after the other."""
+        if time.monotonic() - self.renewed < within:
+            self.check()
+        else:
+            self.fence()
 
     def renew(self) -> None:
         """Renew the lease for ``lease_seconds`` from now (the deadline moves with it);

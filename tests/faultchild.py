@@ -92,7 +92,23 @@ def _reverse(router, table: str, shard: int, lo: int, hi: int) -> None:
     reverser.reverse_chunk(_Ctx(router), table, shard, lo, hi)
 
 
-SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse}
+def _export(router, control: str, run_id: str, chunk_id: int, group: int) -> None:
+    """Claim export chunk ``chunk_id`` of ``run_id`` and run it, ``group`` parts a group."""
+    from exporters import chunkparts
+    from exporters import export as exporter
+    from farmcore.context import ChunkContext
+    from farmcore.ledger import Ledger
+    from shardfarm.mysql.dsn import DSN
+    chunkparts.GROUP_PARTS = group
+    ledger = Ledger(DSN.parse(control))
+    lease = ledger.claim(run_id, chunk_id, "fault-child")
+    ctx = ChunkContext(None, router, ledger, lease, ledger.run(run_id)["params"])
+    ledger.finish(lease, exporter.export_chunk(ctx, **lease.args))
+    ledger.close()
+
+
+SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse,
+                                  "export": _export}
 
 
 def main(argv: list[str]) -> int:

@@ -98,10 +98,10 @@ def mod_ports(ctx, buckets: list[int], key: str) -> None:
     return Outcome(rows_read=len(buckets))
 
 
-def export_frozen(ctx, table: str, shard: int, freeze_once: str, part_size: int = 0):
+def export_frozen(ctx, table: str, freeze_once: str, part_size: int = 0, **shards):
     """``exporters.export.export_chunk``, but the first attempt to get there (the one that
     creates the file ``freeze_once``, writing its PID) freezes its whole process with
-    SIGSTOP at the start of its part's ``commit()``: after the part's bytes are written
+    SIGSTOP at the start of a part's ``publish()``: after the part's bytes are written
     (and, with ``part_size``, uploaded as multipart parts of that size), before the
     rename or the upload's completion and anything those do first."""
     import os
@@ -110,29 +110,29 @@ def export_frozen(ctx, table: str, shard: int, freeze_once: str, part_size: int 
     from exporters import destinations
     from exporters import export as exporter
 
-    def freezing(commit):
+    def freezing(publish):
         def wrapped(self):
             key = str(getattr(self, "target", getattr(self, "key", "")))
             if "/part-" in key:
                 try:
                     fd = os.open(freeze_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
                 except FileExistsError:
-                    return commit(self)
+                    return publish(self)
                 os.write(fd, str(os.getpid()).encode())
                 os.close(fd)
                 os.kill(os.getpid(), signal.SIGSTOP)
-            return commit(self)
+            return publish(self)
         wrapped.frozen = True
         return wrapped
 
     for cls in (destinations.FileWriter, destinations.S3Writer):
-        if not getattr(cls.commit, "frozen", False):
-            cls.commit = freezing(cls.commit)
+        if not getattr(cls.publish, "frozen", False):
+            cls.publish = freezing(cls.publish)
     if part_size:
         destinations.MIN_PART = destinations.PART_SIZE = part_size
         init = destinations.S3Writer.__init__
         init.__defaults__ = (part_size, *init.__defaults__[1:])
-    return exporter.export_chunk(ctx, table, shard)
+    return exporter.export_chunk(ctx, table, **shards)
 
 
 def held_edges(ctx, shard: int, start: int, count: int, hold: str, gate: str):

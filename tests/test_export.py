@@ -264,8 +264,8 @@ def test_changed_part_withdraws_success_until_final(router, ledger, s3, data):
     assert second["files"][1] == first["files"][1]
     run3 = start(params)  # not forced: both parts intact, nothing written, counts carried over
     outs = [chunk(run3, i, params) for i in range(2)]
-    assert [o.counts["skipped"] for o in outs] == [True, True]
-    assert [o.counts["sha256"] for o in outs] == [f["sha256"] for f in second["files"]]
+    assert [(o.counts["skipped"], o.counts["written"]) for o in outs] == [(1, 0), (1, 0)]
+    assert json.loads(dest.read(folder + "_manifest.json")) == second
 
 
 # -- destinations ---------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""An export chunk covers a run of shards: planned per server, one part per shard, and
+resumable after a SIGKILL half way through (the parts it recorded are skipped, the rest
+written again), with the folder's manifest and ``_SUCCESS`` exact at the end."""
+
+import gzip
+import hashlib
+import json
+
+from exporters import export as exporter
+from exporters.destinations import FileDestination
+from exporters.partlog import PartLog
+from farmcore.context import ChunkContext
+from tests import faults
+from tests.conftest import SHARDS_A, SHARDS_B
+from tests.test_export import DATE, data  # noqa: F401 - fixture
+
+GROUP = 2  # parts a group: a chunk of 8 shards publishes and records 4 groups
+
+
+def test_plan_runs_shards_per_server_with_at_most_n_each(router, tmp_path):
+    params, chunks = exporter.plan(router, DATE, f"file://{tmp_path}", ["users", "pins"],
+                                   shards_per_chunk=3)
+    a, b = list(range(SHARDS_A[0], SHARDS_A[1] + 1)), list(range(SHARDS_B[0], SHARDS_B[1] + 1))
+    runs = [a[0:3], a[3:6], a[6:8], b[0:3], b[3:6], b[6:8]]  # never across the two servers
+    assert [c.args for c in chunks] == [{"table": t, "shards": r}
+                                        for t in ("users", "pins") for r in runs]
+    assert params["parts"] == 16
+
+
+def _run(ledger, router, run_id: str, chunk_id: int) -> dict:
+    lease = ledger.claim(run_id, chunk_id, "test-owner")
+    ctx = ChunkContext(None, router, ledger, lease, ledger.run(run_id)["params"])
+    out = exporter.export_chunk(ctx, **lease.args)
+    ledger.finish(lease, out)
+    return out.counts
+
+
+def _export_parts(ledger, settings, router, tmp_path, name: str) -> tuple[str, FileDestination]:
+    dest = FileDestination(tmp_path / name)
+    params, chunks = exporter.plan(router, DATE, dest.url, ["users"], shards_per_chunk=8)
+    run_id = ledger.create_run("export", "farm", {**params, "handler": exporter.HANDLER},
+                               chunks)
+    return run_id, dest
+
+
+def test_a_chunk_killed_half_way_keeps_its_recorded_parts(ledger, settings, router, tmp_path,
+                                                          data):  # noqa: F811
+    args = {"shardmap": str(router.source.path), "control": str(settings.control_dsn),
+            "chunk_id": 0, "group": GROUP}
+    clean, _ = _export_parts(ledger, settings, router, tmp_path, "clean")
+    trace = faults.steps("export", {**args, "run_id": clean})
+    records = [i + 1 for i, line in enumerate(trace) if "INSERT INTO export_parts" in line]
+    assert len(records) == 4, trace  # one statement per group of two parts
+    run_id, dest = _export_parts(ledger, settings, router, tmp_path, "killed")
+    assert faults.run_killed("export", {**args, "run_id": run_id}, records[2]) == -9
+    folder = f"users/dt={DATE}/"
+    log_ = PartLog(ledger.pool, dest.url)
+    shards = list(range(SHARDS_A[0], SHARDS_A[1] + 1))
+    assert [p.shard for p in log_.of_run(folder, run_id)] == shards[:4]  # two groups recorded
+    visible = [n for n in dest.list(folder)]
+    assert visible == [folder + exporter.part_name(s, "jsonl") for s in shards[:6]]
+    ledger.pool.execute("UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND "
+                        "WHERE run_id = %s", (run_id,))  # the killed worker's lease ran out
+    again = _run(ledger, router, run_id, 0)
+    assert (again["skipped"], again["written"]) == (4, 4)
+    assert not dest.exists(folder + "_SUCCESS")  # the other server's chunk is not done
+    _run(ledger, router, run_id, 1)
+    manifest = json.loads(dest.read(folder + "_manifest.json"))
+    assert [f["shard"] for f in manifest["files"]] == list(router.shardmap.shards())
+    for f in manifest["files"]:
+        body = dest.read(folder + f["path"])
+        assert (len(body), hashlib.sha256(body).hexdigest()) == (f["bytes"], f["sha256"])
+        assert len(gzip.decompress(body).splitlines()) == f["rows"]
+    assert dest.exists(folder + "_SUCCESS")
+    assert not [p for p in (tmp_path / "killed").rglob(".*")]  # no temp file left
