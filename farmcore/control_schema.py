@@ -112,6 +112,29 @@ STATEMENTS: list[str] = [
   run_id VARCHAR(40) NULL,
   updated_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # A pruned run's summary ('farm runs prune', farmcore.prune): its chunks are gone.
+    """CREATE TABLE IF NOT EXISTS runs_archive (
+  run_id VARCHAR(40) NOT NULL PRIMARY KEY,
+  kind VARCHAR(32) NOT NULL,
+  status VARCHAR(16) NOT NULL,
+  total_chunks INT NOT NULL,
+  chunks_done INT NOT NULL,
+  chunks_failed INT NOT NULL,
+  rows_written BIGINT NOT NULL,
+  created_at DATETIME(3) NOT NULL,
+  finished_at DATETIME(3) NULL,
+  pruned_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # Indexes for a ledger of a million chunks, added to control databases made before them:
+    # failed/running chunks of every run ('farm failed', lease expiry) without a scan, runs
+    # by kind ('farm runs --kind') and by status and age ('farm runs prune').
+    "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_state_any (state, lease_expires)",
+    "ALTER TABLE runs ADD INDEX IF NOT EXISTS by_kind (kind, created_at)",
+    "ALTER TABLE runs ADD INDEX IF NOT EXISTS by_status (status, finished_at)",
+    # A run that ended keeps its totals here (NULL while it runs: summed from its chunks).
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS chunks_done INT NULL, "
+    "ADD COLUMN IF NOT EXISTS chunks_failed INT NULL, "
+    "ADD COLUMN IF NOT EXISTS rows_written BIGINT NULL",
 ]
 
 

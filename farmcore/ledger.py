@@ -154,22 +154,22 @@ class Ledger:
 
     def list_runs(self, kind: str | None = None, limit: int = 50) -> list[dict]:
         """The newest ``limit`` runs (of ``kind``), each with its chunks done and failed and
-        the rows it wrote; the chunk totals are read for those runs only."""
+        the rows it wrote: a run that ended keeps them in its row (``refresh_status``), the
+        chunks are summed for the others only."""
         where, params = ("WHERE kind = %s", [kind]) if kind else ("", [])
         cols = ("run_id", "kind", "status", "paused", "total_chunks", "created_at",
-                "finished_at")
+                "finished_at", "chunks_done", "chunks_failed", "rows_written")
         runs = [dict(zip(cols, r, strict=True)) for r in self.pool.query(
             f"SELECT {', '.join(cols)} FROM runs {where} ORDER BY created_at DESC LIMIT %s",
             [*params, limit])]
-        if not runs:
-            return []
-        marks = ",".join(["%s"] * len(runs))
-        done = {r[0]: r[1:] for r in self.pool.query(
+        live = [r["run_id"] for r in runs if r["chunks_done"] is None]
+        sums = {r[0]: r[1:] for r in self.pool.query(
             "SELECT run_id, SUM(state = 'done'), SUM(state = 'failed'), SUM(rows_written) "
-            f"FROM chunks WHERE run_id IN ({marks}) GROUP BY run_id",
-            [r["run_id"] for r in runs])}
+            f"FROM chunks WHERE run_id IN ({','.join(['%s'] * len(live))}) GROUP BY run_id",
+            live)} if live else {}
         for r in runs:
-            d, f, w = done.get(r["run_id"], (0, 0, 0))
+            d, f, w = sums.get(r["run_id"], (r["chunks_done"], r["chunks_failed"],
+                                             r["rows_written"]))
             r.update(paused=bool(r["paused"]), chunks_done=int(d or 0),
                      chunks_failed=int(f or 0), rows_written=int(w or 0))
         return runs
@@ -192,14 +192,28 @@ class Ledger:
         self.pool.run(write, transaction=True)
 
     def refresh_status(self, run_id: str) -> str:
-        """Recompute a run's status from its chunks (``running``, ``done`` or ``failed``)."""
-        (pending, failed), = self.pool.query(
-            "SELECT COALESCE(SUM(state IN ('pending', 'running')), 0), "
-            "COALESCE(SUM(state = 'failed'), 0) FROM chunks WHERE run_id = %s", (run_id,))
-        status = "running" if pending else ("failed" if failed else "done")
-        self.pool.execute("UPDATE runs SET status = %s, finished_at = IF(%s = 'running', "
-                          "NULL, COALESCE(finished_at, NOW(3))) WHERE run_id = %s",
-                          (status, status, run_id))
+        """Recompute a run's status from its chunks (``running``, ``done`` or ``failed``).
+
+        Called after every chunk, so its cost must not grow with the run: while a chunk is
+        pending or running it is two index look-ups (and no write unless the run had ended);
+        the chunks are summed once, when none is left, into the run's summary columns.
+        """
+        (busy,), = self.pool.query(
+            "SELECT EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'pending') OR "
+            "EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'running')",
+            (run_id, run_id))
+        if busy:
+            self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
+                              "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "
+                              "WHERE run_id = %s AND status <> 'running'", (run_id,))
+            return "running"
+        (failed, done, written), = self.pool.query(
+            "SELECT COALESCE(SUM(state = 'failed'), 0), COALESCE(SUM(state = 'done'), 0), "
+            "COALESCE(SUM(rows_written), 0) FROM chunks WHERE run_id = %s", (run_id,))
+        status = "failed" if failed else "done"
+        self.pool.execute("UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, "
+                          "NOW(3)), chunks_done = %s, chunks_failed = %s, rows_written = %s "
+                          "WHERE run_id = %s", (status, done, failed, written, run_id))
         return status
 
     # -- chunks -------------------------------------------------------------------------
@@ -306,7 +320,8 @@ class Ledger:
                               "not_before = NULL WHERE run_id = %s AND state = 'failed'",
                               (run_id,))
         if n:
-            self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL "
+            self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
+                              "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "
                               "WHERE run_id = %s", (run_id,))
         return n
 

@@ -17,7 +17,7 @@ from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
-from farmcore import keys
+from farmcore import keys, ledger_size
 from farmcore.progress import read_progress
 from jobs.runtime import Runtime
 
@@ -95,7 +95,7 @@ def farm_view(rt: Runtime, run_id: str | None = None, limit: int = 5) -> dict:
     """Everything ``farm status`` shows."""
     run_ids = [run_id] if run_id else rt.ledger.runs(limit=limit)
     return {"runs": [run_view(rt, r) for r in run_ids], "workers": workers_view(rt),
-            "queues": queues_view(rt)}
+            "queues": queues_view(rt), "ledger": ledger_size.size(rt.ledger.pool)}
 
 
 def queue_names(rt: Runtime) -> list[str]:

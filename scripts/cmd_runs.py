@@ -8,10 +8,12 @@ import time
 
 import click
 
+from farmcore import ledger_size, prune
+from farmcore.ledger_size import size_line
 from jobs import recovery, runs, status
 from scripts.app import App
 from scripts.follow import finish, show_summary
-from scripts.options import AS_JSON, emit, farm_options
+from scripts.options import AS_JSON, emit, farm_options, shared_flags
 from scripts.render import compact, echo_lines, runs_lines, status_lines
 
 
@@ -35,22 +37,51 @@ def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None
         time.sleep(2)
 
 
-@click.command("runs")
+@click.group("runs", invoke_without_command=True)
 @click.option("--kind", default=None, metavar="KIND",
               help="Only runs of this kind (migrate, verify, reverse, rebalance, feeds, export).")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000),
               help="The newest this many runs.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
+@shared_flags
+@click.pass_context
+def runs_cmd(ctx: click.Context, **options: object) -> None:
+    """List runs, newest first: kind, state, chunks done, rows written, when; and the
+    ledger's size per chunk row. 'farm runs prune' drops runs that ended long ago."""
+    if ctx.invoked_subcommand is None:
+        _list_runs(**options)
+
+
 @farm_options
-def runs_cmd(app: App, kind: str | None, limit: int, as_json: bool) -> None:
-    """List runs, newest first: kind, state, chunks done, rows written, when."""
+def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
+    """The body of ``farm runs`` (the group's own listing)."""
     listed = app.runtime.ledger.list_runs(kind, limit)
     if not as_json:
         echo_lines(runs_lines(listed))
+        echo_lines([size_line(ledger_size.size(app.runtime.ledger.pool))])
         return
     for r in listed:
         emit({**r, "created_at": str(r["created_at"]),
               "finished_at": str(r["finished_at"]) if r["finished_at"] else None})
+
+
+@runs_cmd.command("prune")
+@click.option("--older-than", "older_than", required=True, metavar="AGE",
+              help="Prune runs that ended more than AGE ago: 30d, 12h, 90m, 2w.")
+@click.option("--dry-run", is_flag=True, help="Only count what would go.")
+@click.option("--include-failed", is_flag=True,
+              help="Failed runs too (default: only runs whose every chunk is done).")
+@click.option("--batch", default=5000, show_default=True, type=click.IntRange(1, 100_000),
+              help="Rows per DELETE (each commits on its own).")
+@farm_options
+def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
+              batch: int) -> None:
+    """Delete the chunks, quarantined rows and verify findings of runs that ended more than
+    AGE ago, in bounded batches, keeping a one-row summary of each in runs_archive. A run
+    with a chunk pending or running is never touched. Prints what went as JSON."""
+    age = prune.parse_age(older_than)
+    emit(prune.prune(app.runtime.ledger.pool, age, dry_run=dry_run, batch=batch,
+                     include_failed=include_failed).as_dict())
 
 
 @click.command("resume")

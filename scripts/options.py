@@ -44,11 +44,16 @@ def farm_options(fn: Callable) -> Callable:
             return fn(app, *args, **kwargs)
         finally:
             app.close()
+    return shared_flags(wrapper)
+
+
+def shared_flags(fn: Callable) -> Callable:
+    """Only the shared connection flags (``--redis-url`` …), passed on as keyword arguments
+    (``farm_options`` turns them into an ``App``; a command group passes them down)."""
     for flag, env, help_ in reversed(SHARED):
-        wrapper = click.option(flag, default=None, metavar="URL" if "url" in flag else "DSN"
-                               if "dsn" in flag else "PATH",
-                               help=f"{help_} [env: {env}]")(wrapper)
-    return wrapper
+        fn = click.option(flag, default=None, metavar="URL" if "url" in flag else "DSN"
+                          if "dsn" in flag else "PATH", help=f"{help_} [env: {env}]")(fn)
+    return fn
 
 
 def emit(obj: object) -> None:

@@ -10,6 +10,8 @@ from contextlib import contextmanager
 import click
 from tqdm import tqdm
 
+from farmcore.ledger_size import size_line
+
 
 def duration(seconds: float | None) -> str:
     """``1:02:03`` style, or ``-``."""
@@ -38,6 +40,8 @@ def status_lines(view: dict) -> list[str]:
                        f"{q['failed_jobs'] + q['failed_items']} failed"
                        for n, q in sorted(view["queues"].items())) or "none"
     lines.append(f"queues: {queues}")
+    if "ledger" in view:
+        lines.append(size_line(view["ledger"]))
     return lines
 
 

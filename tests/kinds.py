@@ -133,3 +133,77 @@ def export_frozen(ctx, table: str, freeze_once: str, part_size: int = 0, **shard
         init = destinations.S3Writer.__init__
         init.__defaults__ = (part_size, *init.__defaults__[1:])
     return exporter.export_chunk(ctx, table, **shards)
+
+
+def held_edges(ctx, shard: int, start: int, count: int, hold: str, gate: str):
+    """Chunk handler for the network tests: ``count`` rows of ``user_has_pins`` on ``shard``
+    in two fenced halves, each row's sequence tagged ``fence * 10**6 + i`` (so the rows
+    say which attempt wrote them last).
+
+    The first attempt to reach its hold point (``middle``: between the halves; ``end``:
+    after both, before the chunk is marked done) creates ``{gate}.held`` (holding
+    ``pid fence``) and waits for the file ``{gate}.go``; its late step (the second half's
+    write, or marking the chunk done in the ledger) then records ``accepted`` or
+    ``refused: …`` in ``{gate}.late``. Later attempts pass straight through.
+    """
+    from farmcore.ledger import Outcome
+    out = Outcome(rows_read=count, rows_written=count)
+    half = count // 2
+    _tagged_edges(ctx, shard, start, half)
+
+    def second_half():
+        _tagged_edges(ctx, shard, start + half, count - half)
+    if hold == "middle" and _hold(ctx, gate):
+        _late(gate, second_half)
+    else:
+        second_half()
+    if hold == "end" and _hold(ctx, gate):
+        _late(gate, lambda: ctx.ledger.finish(ctx.lease, out))
+    return out
+
+
+def _tagged_edges(ctx, shard: int, start: int, count: int) -> None:
+    """One fenced transaction of rows ``start … start+count-1`` tagged with the fence."""
+    from sharding import fencing, ids
+    from sharding.schema import shard_table
+    owner = ids.encode(shard, "user", 7)
+    rows = [(owner, ids.encode(shard, "pin", i), ctx.lease.fence * 10**6 + i)
+            for i in range(start, start + count)]
+
+    def tx(cur):
+        fencing.check(cur, shard, ctx.token)
+        cur.executemany(f"INSERT INTO {shard_table(shard, 'user_has_pins')} (from_id, to_id, "
+                        "sequence) VALUES (%s,%s,%s) ON DUPLICATE KEY UPDATE "
+                        "sequence = VALUES(sequence)", rows)
+    ctx.router.run(shard, tx)
+
+
+def _hold(ctx, gate: str) -> bool:
+    """Whether this attempt is the one to hold (then it has waited for ``{gate}.go``)."""
+    import os
+    import time
+    try:
+        fd = os.open(f"{gate}.held", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, f"{os.getpid()} {ctx.lease.fence}".encode())
+    os.close(fd)
+    deadline = time.monotonic() + 600
+    while not os.path.exists(f"{gate}.go"):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test never opened the gate")
+        time.sleep(0.05)
+    return True
+
+
+def _late(gate: str, step) -> None:
+    """Run the held attempt's late ``step``; record whether the fence let it through."""
+    from shardfarm.errors import FencedError
+    try:
+        step()
+    except FencedError as exc:
+        with open(f"{gate}.late", "w") as f:
+            f.write(f"refused: {exc}")
+        raise
+    with open(f"{gate}.late", "w") as f:
+        f.write("accepted")

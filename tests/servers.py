@@ -17,12 +17,13 @@ import redis
 
 MARIADBD = shutil.which("mariadbd") or "/usr/sbin/mariadbd"
 INSTALL_DB = shutil.which("mariadb-install-db") or "/usr/bin/mariadb-install-db"
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
+def free_port(bind: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (on address ``bind``)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((bind, 0))
         return s.getsockname()[1]
 
 
@@ -51,13 +52,15 @@ class PrivateMariaDB:
     port: int
     datadir: Path
     proc: subprocess.Popen
+    host: str = "127.0.0.1"
 
     @classmethod
-    def start(cls, buffer_pool: str = "128M") -> PrivateMariaDB:
-        """A test server: small buffer pool, relaxed durability, LOCAL INFILE allowed."""
+    def start(cls, buffer_pool: str = "128M", bind: str = "127.0.0.1") -> PrivateMariaDB:
+        """A test server: small buffer pool, relaxed durability, LOCAL INFILE allowed,
+        listening on ``bind``."""
         return cls.launch({"innodb-buffer-pool-size": buffer_pool,
                            "innodb-flush-log-at-trx-commit": "2", "local-infile": "1",
-                           "max-connections": "500"})
+                           "max-connections": "500"}, bind=bind)
 
     @classmethod
     def start_binlog(cls, server_id: int = 1, **extra: str) -> PrivateMariaDB:
@@ -74,7 +77,7 @@ class PrivateMariaDB:
 
     def connect(self, **kwargs: object) -> pymysql.Connection:
         """A root connection to this server (autocommit)."""
-        return pymysql.connect(host="127.0.0.1", port=self.port, user="root",
+        return pymysql.connect(host=self.host, port=self.port, user="root",
                                autocommit=True, **kwargs)
 
     def sql(self, statement: str, args: tuple = ()) -> list[tuple]:
@@ -96,26 +99,31 @@ class PrivateMariaDB:
     @classmethod
     def launch(cls, options: dict[str, str], *, prefix: str = "farm-mariadb-",
                alive: Callable[[int], str | None] | None = None,
-               timeout: float = 60) -> Self:
+               timeout: float = 60, bind: str = "127.0.0.1") -> Self:
         """Initialise a data directory, start ``mariadbd`` with ``options`` (``--name=value``
-        each) on a free port, and wait until ``alive(port)`` is ``None``."""
+        each) on a free port of ``bind``, and wait until ``alive(port)`` is ``None``."""
         base = Path(tempfile.mkdtemp(prefix=prefix))
         datadir = base / "data"
         subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
                         "--auth-root-authentication-method=normal", "--skip-test-db"],
                        check=True, capture_output=True)
-        port = free_port()
+        port = free_port(bind)
+        if bind != "127.0.0.1":  # root comes over the network: let it in from anywhere
+            (base / "init.sql").write_text(
+                "CREATE USER IF NOT EXISTS 'root'@'%' IDENTIFIED BY '';\n"
+                "GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;\n")
+            options = {**options, "init-file": str(base / "init.sql")}
         log = open(base / "error.log", "wb")  # noqa: SIM115 - lives as long as the server
         proc = subprocess.Popen(
             [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
-             "--bind-address=127.0.0.1", f"--socket={base / 'sock'}", "--user=root",
+             f"--bind-address={bind}", f"--socket={base / 'sock'}", "--user=root",
              *([] if "log-bin" in options else ["--skip-log-bin"]),
              f"--pid-file={base / 'pid'}",
              *(f"--{k}={v}" for k, v in options.items())],
             stdout=log, stderr=subprocess.STDOUT)
-        server = cls(port, datadir, proc)
+        server = cls(port, datadir, proc, bind)
         deadline = time.monotonic() + timeout
-        alive = alive or (lambda p: mysql_alive(port=p))
+        alive = alive or (lambda p: mysql_alive(host=bind, port=p))
         while alive(port) is not None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = (base / "error.log").read_text(errors="replace").splitlines()[-5:]
@@ -134,6 +142,41 @@ class PrivateMariaDB:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.datadir.parent, ignore_errors=True)
+
+
+@dataclass
+class PrivateRedis:
+    """A ``redis-server`` on a free port of ``host`` (no persistence); ``stop()`` ends it."""
+
+    host: str
+    port: int
+    proc: subprocess.Popen
+
+    @classmethod
+    def start(cls, bind: str = "127.0.0.1", timeout: float = 20) -> PrivateRedis:
+        """Start it and wait until it answers."""
+        port = free_port(bind)
+        proc = subprocess.Popen([REDIS_SERVER, "--bind", bind, "--port", str(port), "--save", "",
+                                 "--appendonly", "no", "--protected-mode", "no"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = cls(bind, port, proc)
+        deadline = time.monotonic() + timeout
+        while redis_alive(server.url()) is not None:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                server.stop()
+                raise RuntimeError(f"private redis-server on {bind}:{port} did not start")
+            time.sleep(0.05)
+        return server
+
+    def url(self, db: int = 0) -> str:
+        """``redis://host:port/db``."""
+        return f"redis://{self.host}:{self.port}/{db}"
+
+    def stop(self) -> None:
+        """Terminate the server."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
 
 
 @dataclass

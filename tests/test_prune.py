@@ -1,0 +1,136 @@
+"""Pruning the ledger ('farm runs prune'): what goes, what stays, bounded batches, the CLI;
+and the ledger's size per chunk row ('farm runs', 'farm status')."""
+
+import json
+
+import pymysql
+import pytest
+
+from farmcore import prune
+from farmcore.ledger import ChunkSpec
+from shardfarm.errors import UsageError
+from tests.conftest import run_farm
+
+
+def sql(settings, statement, args=()):
+    """Run one statement on the control database (the test's own view, not the ledger's)."""
+    d = settings.control_dsn
+    conn = pymysql.connect(host=d.host, port=d.port, user=d.user, password=d.password or "",
+                           database=d.database, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(statement, args)
+            return cur.fetchall()
+    finally:
+        conn.close()
+
+
+def make_run(ledger, settings, *, days_ago, states, status=None):
+    """A run whose chunks are in ``states`` and which ended ``days_ago`` days ago (ended runs
+    get a quarantined row and a verify finding too)."""
+    run_id = ledger.create_run("test", "farm", {}, [ChunkSpec("k", {"i": i})
+                                                     for i in range(len(states))])
+    for i, state in enumerate(states):
+        sql(settings, "UPDATE chunks SET state = %s, rows_written = 10 WHERE run_id = %s "
+            "AND chunk_id = %s", (state, run_id, i))
+    ledger.refresh_status(run_id)
+    sql(settings, "UPDATE runs SET finished_at = NOW(3) - INTERVAL %s DAY, status = "
+        "COALESCE(%s, status) WHERE run_id = %s", (days_ago, status, run_id))
+    sql(settings, "INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, chunk_id) "
+        "VALUES (%s, 'pins', '7', 'orphan', 0)", (run_id,))
+    sql(settings, "INSERT INTO verify_mismatches (run_id, chunk_id, legacy_table, legacy_key, "
+        "target, problem) VALUES (%s, 0, 'pins', '7', 'pins', 'missing')", (run_id,))
+    return run_id
+
+
+def rows_of(settings, run_id):
+    return {t: sql(settings, f"SELECT COUNT(*) FROM {t} WHERE run_id = %s", (run_id,))[0][0]
+            for t in ("runs", "chunks", "quarantine", "verify_mismatches")}
+
+
+@pytest.fixture
+def made(ledger, settings):
+    old_done = make_run(ledger, settings, days_ago=40, states=["done"] * 5)
+    old_failed = make_run(ledger, settings, days_ago=40, states=["done", "failed"])
+    recent = make_run(ledger, settings, days_ago=2, states=["done"] * 3)
+    # ended by its status long ago, but a chunk was given back (pending): not finished
+    stale = make_run(ledger, settings, days_ago=40, states=["done", "pending"], status="done")
+    yield {"old_done": old_done, "old_failed": old_failed, "recent": recent, "stale": stale}
+    ledger.set_paused(stale, True)  # no later test's worker runs its pending chunk
+
+
+def test_prune_removes_old_done_runs_only_and_archives_their_summary(ledger, settings, made):
+    report = prune.prune(ledger.pool, 30 * 86400)
+    assert rows_of(settings, made["old_done"]) == {"runs": 0, "chunks": 0, "quarantine": 0,
+                                                  "verify_mismatches": 0}
+    for kept in ("old_failed", "recent", "stale"):
+        assert rows_of(settings, made[kept])["chunks"] > 0, kept
+        assert rows_of(settings, made[kept])["runs"] == 1, kept
+    assert report.runs >= 1 and report.chunks >= 5 and not report.dry_run
+    archived = sql(settings, "SELECT status, total_chunks, chunks_done, chunks_failed, "
+                   "rows_written FROM runs_archive WHERE run_id = %s", (made["old_done"],))
+    assert archived == (("done", 5, 5, 0, 50),)
+    prune.prune(ledger.pool, 30 * 86400, include_failed=True)
+    assert rows_of(settings, made["old_failed"])["runs"] == 0
+    assert rows_of(settings, made["stale"])["chunks"] == 2  # never an unfinished run
+    assert rows_of(settings, made["recent"])["chunks"] == 3
+
+
+def test_dry_run_counts_and_removes_nothing(ledger, settings, made):
+    report = prune.prune(ledger.pool, 30 * 86400, dry_run=True)
+    assert report.dry_run and report.runs >= 1 and report.batches == 0
+    assert rows_of(settings, made["old_done"]) == {"runs": 1, "chunks": 5, "quarantine": 1,
+                                                  "verify_mismatches": 1}
+
+
+def test_every_delete_is_bounded_by_the_batch(ledger, settings):
+    run_id = make_run(ledger, settings, days_ago=60, states=["done"] * 23)
+    seen = []
+
+    def after(rid, table, n):
+        seen.append((rid, table, n, rows_of(settings, rid)[table]))
+    prune.prune(ledger.pool, 30 * 86400, batch=10, on_batch=after)
+    chunk_batches = [(n, left) for rid, table, n, left in seen
+                     if rid == run_id and table == "chunks"]
+    assert chunk_batches == [(10, 13), (10, 3), (3, 0)]  # bounded, and committed each time
+    assert rows_of(settings, run_id)["runs"] == 0
+
+
+@pytest.mark.parametrize("bad", ["30", "0d", "abc", "-3d", "30 days", ""])
+def test_a_bad_age_is_a_usage_error(bad):
+    with pytest.raises(UsageError, match="--older-than"):
+        prune.parse_age(bad)
+
+
+def test_ages_in_every_unit():
+    assert [prune.parse_age(a) for a in ("45s", "90m", "12h", "30d", "2w")] == [
+        45, 5400, 43200, 2592000, 1209600]
+
+
+@pytest.mark.slow  # five farm subprocesses
+def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, settings, made):
+    out = run_farm(env, "runs", "prune", "--older-than", "30x")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--older-than" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = run_farm(env, "runs", "prune", "--older-than", "30d", "--dry-run")
+    assert out.returncode == 0 and json.loads(out.stdout)["dry_run"] is True
+    assert rows_of(settings, made["old_done"])["runs"] == 1
+    out = run_farm(env, "runs", "prune", "--older-than", "30d", "--batch", "2")
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["runs"] >= 1 and doc["batches"] >= 3
+    assert rows_of(settings, made["old_done"])["runs"] == 0
+    out = run_farm(env, "runs", "--limit", "3")
+    assert out.returncode == 0 and "bytes per chunk row" in out.stdout.splitlines()[-1]
+    doc = json.loads(run_farm(env, "status", "--json").stdout)
+    assert doc["ledger"]["chunk_rows"] >= 0 and "chunks" in doc["ledger"]["tables"]
+
+
+def test_the_schema_upgrade_runs_again_on_an_existing_control_database(ledger, settings):
+    from farmcore import control_schema
+    control_schema.ensure(settings.control_dsn)  # the session's database has them already
+    control_schema.ensure(settings.control_dsn)
+    cols = {r[0] for r in sql(settings, "SELECT COLUMN_NAME FROM information_schema.COLUMNS "
+                              "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'runs'")}
+    assert {"chunks_done", "chunks_failed", "rows_written"} <= cols
+    keys = {r[2] for r in sql(settings, "SHOW INDEX FROM chunks")}
+    assert "by_state_any" in keys
