@@ -4,6 +4,7 @@ slave lags (``Seconds_Behind_Master`` above the run's ``max_lag``, like gh-ost's
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -12,7 +13,10 @@ import pymysql.cursors
 
 from farmcore import keys
 from jobs.runtime import Runtime
+from shardfarm.errors import FarmError
 from shardfarm.mysql.dsn import Host
+
+log = logging.getLogger(__name__)
 
 PAUSE_SECONDS = 5.0
 CACHE_SECONDS = 2.0
@@ -44,9 +48,13 @@ def slave_lag(rt: Runtime, host: Host) -> float | None:
     hit = _cache.get(key)
     if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
         return hit[1]
-    with rt.router.connection(host) as conn, conn.cursor(pymysql.cursors.DictCursor) as cur:
-        cur.execute("SHOW SLAVE STATUS")
-        row = cur.fetchone()
+    try:
+        with rt.router.connection(host) as conn, conn.cursor(pymysql.cursors.DictCursor) as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            row = cur.fetchone()
+    except (FarmError, pymysql.MySQLError) as exc:  # e.g. no REPLICATION CLIENT privilege
+        log.warning("lag of %s unknown: %s", host.name, str(exc).splitlines()[0][:200])
+        row = None
     lag = None
     if row:
         lag = (math.inf if row.get("Slave_SQL_Running") != "Yes"

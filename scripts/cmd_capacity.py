@@ -48,6 +48,8 @@ def _pair(text: str) -> tuple[str, str]:
 @click.option("--wait", is_flag=True, help="Show the copy's progress until it ends.")
 @click.option("--rows-per-chunk", default=100_000, show_default=True,
               type=click.IntRange(min=1000), help="Rows per copy chunk.")
+@click.option("--max-lag", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="SECONDS", help="Copy chunks wait while a slave lags more than this.")
 @click.option("--drop-source", is_flag=True,
               help="After the flip and --grace seconds, drop the source copies.")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
@@ -56,7 +58,8 @@ def _pair(text: str) -> tuple[str, str]:
 @click.option("--yes", is_flag=True, help="With --drop-source: do not ask.")
 @farm_options
 def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
-             drop_source: bool, grace: float, dry_run: bool, yes: bool) -> None:
+             max_lag: float | None, drop_source: bool, grace: float, dry_run: bool,
+             yes: bool) -> None:
     """Copy shards LO..HI to the pair MASTER/SLAVE through the farm, catch up, verify,
     and flip the map (version + 1); workers ('farm workers') do the copying.
 
@@ -72,7 +75,7 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
     rt = app.runtime
     follow = (lambda run_id: wait_with_progress(rt, run_id)) if wait else None
     summary, plan = capacity.move(rt, lo, hi, master, slave, rows_per_range=rows_per_chunk,
-                                  follow=follow, notice=note)
+                                  follow=follow, max_lag=max_lag, notice=note)
     if drop_source:
         dropped = capacity.drop_sources(rt, plan, grace, dry_run, notice=note)
         summary["would_drop" if dry_run else "dropped"] = dropped

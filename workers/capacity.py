@@ -22,7 +22,7 @@ Follow = Callable[[str], str]
 KIND = "shardmove"
 
 
-def _copy_run(rt: Runtime, p: capmove.MovePlan) -> str:
+def _copy_run(rt: Runtime, p: capmove.MovePlan, max_lag: float | None) -> str:
     """The copy run of this move: an earlier one with the same params, or a new one."""
     for run_id in rt.ledger.runs(limit=50):
         run = rt.ledger.run(run_id)
@@ -30,17 +30,20 @@ def _copy_run(rt: Runtime, p: capmove.MovePlan) -> str:
             if run["status"] != "done":
                 runs.retry_failed(rt, run_id)
             return run_id
-    return runs.start(rt, KIND, capcopy.HANDLER, p.chunks(), p.params)
+    extra = {"max_lag": max_lag} if max_lag else {}
+    return runs.start(rt, KIND, capcopy.HANDLER, p.chunks(), {**p.params, **extra})
 
 
 def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
          rows_per_range: int = 100_000, follow: Follow | None = None,
-         notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
-    """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan."""
+         max_lag: float | None = None, notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
+    """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan.
+
+    ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
     p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
     warn_without_workers(rt, notice)
     capmove.prepare(rt.router, p)
-    run_id = _copy_run(rt, p)
+    run_id = _copy_run(rt, p, max_lag)
     status = follow(run_id) if follow else runs.wait(rt, run_id)
     if status != "done":
         raise FatalError(f"copy run {run_id} ended {status}: see 'farm failed {run_id}', then "
