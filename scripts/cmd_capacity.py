@@ -12,6 +12,7 @@ from scripts.follow import wait_with_progress
 from scripts.options import emit, farm_options
 from scripts.render import note
 from shardfarm.errors import UsageError
+from sharding.fleet import fleet_status
 from sharding.growth import open_range, parse_range
 from sharding.promote import promote
 from workers import capacity
@@ -108,3 +109,31 @@ def promote_cmd(app: App, host: str, accept_loss: bool, wait_seconds: float) -> 
     emit({"promoted": done.host, "old_master": done.old_master, "version": done.version,
           "gtid_applied": done.applied, "gtid_received": done.received,
           "accepted_loss": done.lost})
+
+
+@shards_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
+@farm_options
+def status_cmd(app: App, as_json: bool) -> None:
+    """Per host of the map: role, shards, replication lag, read-only, map version told."""
+    doc = fleet_status(app.router)
+    if as_json:
+        emit(doc)
+        return
+    click.echo(f"shard map version {doc['version']}")
+    for h in doc["hosts"]:
+        click.echo(status_line(h))
+
+
+def status_line(h: dict) -> str:
+    """One host of ``farm shards status`` as a line of text."""
+    def spans(ranges: list) -> str:
+        return ",".join(f"{lo}-{hi}" for lo, hi in ranges) or "-"
+    head = f"{h['host']:<12} {h['address']:<22} {h['role']:<7}"
+    shards = f"master {spans(h['master_of'])}  slave {spans(h['slave_of'])}"
+    if not h["reachable"]:
+        return f"{head} {shards}  UNREACHABLE: {h['error']}"
+    lag = "-" if h["lag_seconds"] is None else h["lag_seconds"]
+    told = "-" if h["map_version"] is None else f"v{h['map_version']}"
+    return (f"{head} {shards}  lag {lag}  read-only {'yes' if h['read_only'] else 'no'}  "
+            f"told {told}")
