@@ -40,30 +40,37 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan.
 
     ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
+    clock = [time.monotonic()]
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        phases[name], clock[0] = round(now - clock[0], 3), now
     p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
     warn_without_workers(rt, notice)
     capmove.prepare(rt.router, p)
+    lap("plan")
     run_id = _copy_run(rt, p, max_lag)
     status = follow(run_id) if follow else runs.wait(rt, run_id)
+    lap("copy")
     if status != "done":
         raise FatalError(f"copy run {run_id} ended {status}: see 'farm failed {run_id}', then "
                          "run the same move again (it resumes)")
     notice(f"copied by run {run_id}; catching up with the writes made meanwhile")
-    before = capmove.catch_up(rt.router, p)
-    started = time.monotonic()
+    before, _ = capmove.catch_up(rt.router, p)
+    lap("catch_up")
     capmove.freeze(rt.router, p, True)
     flipped = None
     try:
-        during = capmove.catch_up(rt.router, p)
-        rows = capmove.verify(rt.router, p)
+        during, rows = capmove.catch_up(rt.router, p, strict=True)
         flipped = capmove.flip(rt.settings.shardmap_spec, p, rt.settings.connect_timeout)
     finally:
         capmove.freeze(rt.router, p, False, flipped)
-    frozen = time.monotonic() - started
+    lap("frozen")
     rt.router.source.refresh()
     return {"moved": [lo, hi], "to": f"{master}/{slave}", "version": flipped, "run_id": run_id,
             "rows": rows, "recopied_ranges": before + during,
-            "frozen_seconds": round(frozen, 3)}, p
+            "frozen_seconds": phases["frozen"], "seconds": phases}, p
 
 
 def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float, dry_run: bool,
