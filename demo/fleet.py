@@ -18,7 +18,7 @@ def _env(settings: Settings) -> dict[str, str]:
     env.update({"FARM_REDIS_URL": settings.redis_url,
                 "FARM_CONTROL_DSN": settings.control_dsn.url(),
                 "FARM_LEGACY_DSN": settings.legacy_dsn.url(),
-                "FARM_SHARDMAP": str(settings.shardmap_path or ""),
+                "FARM_SHARDMAP": settings.shardmap_spec,
                 "FARM_EXPORT_URL": settings.export_url})
     return env
 

@@ -33,7 +33,7 @@ ENTRY_POINT = "jobs.items.run_items"
 CHUNK_FUNCTION = "jobs.chunk.run_chunk"
 _HANDLER_MODULES = ("loaders.migration.migrate", "loaders.migration.verify",
                     "loaders.mappings.reverse", "loaders.mappings.rebalance", "loaders.feeds",
-                    "exporters.export")
+                    "exporters.export", "loaders.capacity.copy")
 # Runs record their handler by name in the control database: a run started before the
 # handlers moved still names the old module, and is served by the same function.
 RENAMED_HANDLERS = {

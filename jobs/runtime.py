@@ -13,7 +13,7 @@ from farmcore.ledger import Ledger
 from jobs.policy import JobPolicy
 from shardfarm.errors import FarmError
 from shardfarm.settings import Settings
-from sharding.mapsource import ShardMapSource, bucket_change
+from sharding.mapsource import bucket_change, open_source
 from sharding.router import Router
 from sharding.shardmap import ShardMap
 
@@ -27,7 +27,8 @@ class Runtime:
     @cached_property
     def router(self) -> Router:
         """Pooled shard connections (one pool per physical server)."""
-        return Router(ShardMapSource(self.settings.shardmap_path, guard=self.reload_guard))
+        return Router(open_source(self.settings.shardmap_spec, guard=self.reload_guard,
+                                  timeout=self.settings.connect_timeout))
 
     def reload_guard(self, old: ShardMap, new: ShardMap) -> str | None:
         """Why a new shard map must not replace ``old`` now: it re-buckets or moves mod
@@ -64,6 +65,8 @@ class Runtime:
         for name in ("router", "ledger"):
             if name in self.__dict__:
                 self.__dict__[name].close()
+        if "router" in self.__dict__:
+            self.__dict__["router"].source.close()
 
 
 _lock = threading.Lock()

@@ -1,17 +1,26 @@
-"""Slow a run down while a target server is busy (``Threads_running`` above a limit)."""
+"""Slow a run down while a target server is busy (``Threads_running`` above a limit) or a
+slave lags (``Seconds_Behind_Master`` above the run's ``max_lag``, like gh-ost's
+``--max-lag-millis``): its chunks wait and ``farm status`` says THROTTLED, host and lag."""
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import time
 
+import pymysql.cursors
+
 from farmcore import keys
 from jobs.runtime import Runtime
+from shardfarm.errors import FarmError
 from shardfarm.mysql.dsn import Host
+
+log = logging.getLogger(__name__)
 
 PAUSE_SECONDS = 5.0
 CACHE_SECONDS = 2.0
-_cache: dict[tuple, tuple[float, int]] = {}
+_cache: dict[tuple, tuple[float, float | None]] = {}
 
 
 def limit_of(run: dict) -> int:
@@ -32,15 +41,54 @@ def threads_running(rt: Runtime, host: Host) -> int:
     return value
 
 
-def reason(rt: Runtime, run: dict) -> str | None:
-    """Why the run should wait now (recorded in Redis for ``farm status``), or ``None``."""
+def slave_lag(rt: Runtime, host: Host) -> float | None:
+    """``Seconds_Behind_Master`` of ``host`` (``None``: not replicating, or not known), cached
+    for a couple of seconds per process. A stopped SQL thread counts as lagging forever."""
+    key = ("lag", *host.server)
+    hit = _cache.get(key)
+    if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
+        return hit[1]
+    try:
+        with rt.router.connection(host) as conn, conn.cursor(pymysql.cursors.DictCursor) as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            row = cur.fetchone()
+    except (FarmError, pymysql.MySQLError) as exc:  # e.g. no REPLICATION CLIENT privilege
+        log.warning("lag of %s unknown: %s", host.name, str(exc).splitlines()[0][:200])
+        row = None
+    lag = None
+    if row:
+        lag = (math.inf if row.get("Slave_SQL_Running") != "Yes"
+               else None if row.get("Seconds_Behind_Master") is None
+               else float(row["Seconds_Behind_Master"]))
+    _cache[key] = (time.monotonic(), lag)
+    return lag
+
+
+def _lagging(rt: Runtime, run: dict) -> str | None:
+    max_lag = float(run["params"].get("max_lag") or 0)
+    if not max_lag:
+        return None
+    for host in rt.router.servers("slave").values():
+        lag = slave_lag(rt, host)
+        if lag is not None and lag > max_lag:
+            return f"{host.name} lag {lag:g} s > {max_lag:g} s"
+    return None
+
+
+def _busy(rt: Runtime, run: dict) -> str | None:
     limit = limit_of(run)
     if not limit:
         return None
     for host in rt.router.servers().values():
         n = threads_running(rt, host)
         if n > limit:
-            why = f"{host.name} Threads_running {n} > {limit}"
-            rt.redis.set(keys.throttle(run["run_id"]), why, ex=int(PAUSE_SECONDS * 3))
-            return why
+            return f"{host.name} Threads_running {n} > {limit}"
     return None
+
+
+def reason(rt: Runtime, run: dict) -> str | None:
+    """Why the run should wait now (recorded in Redis for ``farm status``), or ``None``."""
+    why = _busy(rt, run) or _lagging(rt, run)
+    if why:
+        rt.redis.set(keys.throttle(run["run_id"]), why, ex=int(PAUSE_SECONDS * 3))
+    return why

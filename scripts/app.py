@@ -7,7 +7,7 @@ from functools import cached_property
 
 from jobs.runtime import Runtime
 from shardfarm.settings import Settings
-from sharding.mapsource import ShardMapSource
+from sharding.mapsource import MapSource
 from sharding.router import Router
 
 
@@ -32,7 +32,7 @@ class App:
         return self.runtime.router
 
     @cached_property
-    def source(self) -> ShardMapSource:
+    def source(self) -> MapSource:
         """The shard map, reloaded when its file changes (the router's)."""
         return self.router.source
 

@@ -1,4 +1,5 @@
-"""``farm shards init|show``: create every database and table of the shard map."""
+"""``farm shards init|show|publish``: create every database and table of the shard map,
+print it, publish a new version of it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from farmcore.provision import provision
 from scripts.app import App
 from scripts.options import emit, farm_options
 from scripts.render import database_bar, note
+from shardfarm.errors import UsageError
+from sharding.mappublish import publish as publish_map
 
 
 @click.group("shards")
@@ -39,9 +42,24 @@ def show(app: App) -> None:
           "ranges": [{"range": [r.lo, r.hi], "master": r.master, "slave": r.slave}
                      for r in m.shard_ranges],
           "hosts": {n: f"{h.user}@{h.host}:{h.port}" for n, h in m.hosts.items()},
-          "open": [list(r) for r in m.open_ranges]})
+          "open": [[*r, w] for r, w in zip(m.open_ranges, m.open_weights, strict=True)]})
+
+
+@shards_group.command("publish")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@farm_options
+def publish(app: App, file: str) -> None:
+    """Validate the map in FILE and write it as the next version where FARM_SHARDMAP points
+    (its version must be the current one + 1); every process switches to it."""
+    try:
+        text = click.open_file(file, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}") from None
+    new = publish_map(app.settings.shardmap_spec, text, app.settings.connect_timeout)
+    emit({"published": new.version, "where": app.settings.shardmap_spec})
 
 
 def register(cli: click.Group) -> None:
-    """Attach this module's commands."""
+    """Attach this module's commands (and the capacity commands of the same group)."""
+    from scripts import cmd_capacity  # noqa: F401 - adds open/move/promote/status to the group
     cli.add_command(shards_group)

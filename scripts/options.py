@@ -17,7 +17,7 @@ SHARED = [
     ("--redis-url", "FARM_REDIS_URL", "Redis for queues, worker registry and feeds."),
     ("--control-dsn", "FARM_CONTROL_DSN", "Control database: runs, chunk ledger, quarantine."),
     ("--legacy-dsn", "FARM_LEGACY_DSN", "Legacy source database."),
-    ("--shardmap", "FARM_SHARDMAP", "Path of the shard map JSON (default: built-in demo map)."),
+    ("--shardmap", "FARM_SHARDMAP", "Shard map file or zk://host:port/path (default: demo map)."),
     ("--export-url", "FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
 ]
 

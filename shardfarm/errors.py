@@ -81,3 +81,13 @@ class ChunkTimeoutError(RetryableError):
 class StaleStateError(FatalError):
     """A workflow transition found its record in another state than it expected: the actor
     is stale (another moved the world on) and must stop, not retry."""
+
+
+class StaleMapError(RetryableError):
+    """A write was routed with a shard map older than the one that last moved the shard: the
+    caller reloads its map and tries again (a chunk is run again with the new map)."""
+
+
+class ShardFrozenError(RetryableError):
+    """The shard is frozen for a moment while it moves to another server: try again shortly
+    (the write then goes to the shard's new home)."""

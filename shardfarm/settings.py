@@ -37,6 +37,12 @@ class Settings:
     shardmap_path: Path | None
     export_url: str
     connect_timeout: float = 10.0
+    shardmap_url: str = ""  # zk://host:port/path when the map lives in ZooKeeper
+
+    @property
+    def shardmap_spec(self) -> str:
+        """``FARM_SHARDMAP`` as given to child processes: a zk:// URL, a path, or empty."""
+        return self.shardmap_url or str(self.shardmap_path or "")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: str | None) -> Settings:
@@ -46,11 +52,14 @@ class Settings:
         for key, value in overrides.items():
             if value:
                 raw[key] = value
+        zk = raw["FARM_SHARDMAP"] if raw["FARM_SHARDMAP"].startswith("zk://") else ""
         return cls(
             redis_url=_redis_url(raw["FARM_REDIS_URL"]),
             control_dsn=DSN.parse(raw["FARM_CONTROL_DSN"], what="FARM_CONTROL_DSN"),
             legacy_dsn=DSN.parse(raw["FARM_LEGACY_DSN"], what="FARM_LEGACY_DSN"),
-            shardmap_path=Path(raw["FARM_SHARDMAP"]).resolve() if raw["FARM_SHARDMAP"] else None,
+            shardmap_path=(Path(raw["FARM_SHARDMAP"]).resolve()
+                           if raw["FARM_SHARDMAP"] and not zk else None),
+            shardmap_url=zk,
             export_url=_export_url(raw["FARM_EXPORT_URL"]),
             connect_timeout=_seconds(raw["FARM_CONNECT_TIMEOUT"]),
         )
@@ -73,7 +82,7 @@ class Settings:
             "redis": _redact(self.redis_url),
             "control": str(self.control_dsn),
             "legacy": str(self.legacy_dsn),
-            "shardmap": str(self.shardmap_path or "(built-in demo map)"),
+            "shardmap": self.shardmap_spec or "(built-in demo map)",
             "export": self.export_url,
             "connect_timeout": f"{self.connect_timeout:g} s",
         }

@@ -1,4 +1,8 @@
-"""Where the router gets its shard map: a file re-read when it changes, or a fixed map.
+"""Where the router gets its shard map: a file re-read when it changes, a ZooKeeper node
+watched for new versions (``sharding.zkmap``), or a fixed map.
+
+``open_source(spec)`` picks the backend from ``FARM_SHARDMAP``: empty (the built-in
+demo map), ``zk://host:port/path`` or a file path.
 
 A reload is refused (the running process keeps its map) when the new file is
 invalid, or when a guard says no: workers refuse a map that changes
@@ -44,6 +48,7 @@ class FixedSource:
     """One map, never reloaded: what a chunk routes with from start to end."""
 
     path: Path | None = None
+    spec = ""
 
     def __init__(self, shardmap: ShardMap) -> None:
         self._map = shardmap
@@ -52,6 +57,49 @@ class FixedSource:
         """The fixed map."""
         return self._map
 
+    def refresh(self) -> None:
+        """Nothing to re-read: a fixed map never changes."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class GuardedMap:
+    """The map in force and the guard a new version must pass before it replaces it.
+
+    A refused version is said once and offered again every ``GUARD_RETRY`` seconds
+    (``retry_due``), so it takes effect when the runs end.
+    """
+
+    def __init__(self, shardmap: ShardMap, guard: Guard | None, where: str) -> None:
+        self._map = shardmap
+        self.guard = guard
+        self.where = where
+        self._refused: tuple | None = None
+        self._refused_at = 0.0
+
+    def offer(self, new: ShardMap, stamp: object) -> bool:
+        """Switch to ``new`` unless the guard refuses it; returns whether it switched."""
+        why = self.guard(self._map, new) if self.guard else None
+        if why:
+            if self._refused is None or self._refused[:2] != (stamp, why):
+                log.error("not reloading shard map %s: %s", self.where, why)
+            self._refused, self._refused_at = (stamp, why, new), time.monotonic()
+            return False
+        self._map, self._refused = new, None
+        log.info("reloaded shard map %s: %r", self.where, new)
+        return True
+
+    @property
+    def current(self) -> ShardMap:
+        """The map in force."""
+        return self._map
+
+    def retry_due(self) -> None:
+        """Offer a refused version again once ``GUARD_RETRY`` seconds have passed."""
+        if self._refused and time.monotonic() - self._refused_at >= GUARD_RETRY:
+            self.offer(self._refused[2], self._refused[0])
+
 
 class ShardMapSource:
     """Caches the map and reloads it when the file changes (checked at most every ``interval``)."""
@@ -59,6 +107,7 @@ class ShardMapSource:
     def __init__(self, path: Path | None, interval: float = 1.0,
                  guard: Guard | None = None) -> None:
         self.path = path
+        self.spec = str(path or "")
         self.interval = interval
         self.guard = guard
         self._lock = threading.Lock()
@@ -108,3 +157,24 @@ class ShardMapSource:
             return
         self._stamp, self._map, self._refused = stamp, new, None
         log.info("reloaded shard map %s: %r", self.path, self._map)
+
+    def refresh(self) -> None:
+        """Look at the file again on the next ``current()`` (a shard said the map is stale)."""
+        self._checked = 0.0
+
+    def close(self) -> None:
+        """Nothing to release: the file is read, not held open."""
+
+
+MapSource = ShardMapSource | FixedSource
+
+
+def open_source(spec: str | Path | None, guard: Guard | None = None,
+                timeout: float = 10.0) -> MapSource:
+    """The map source ``FARM_SHARDMAP`` names: ``zk://host:port/path`` (watched in ZooKeeper),
+    a file path (re-read when it changes), or empty (the built-in demo map)."""
+    text = str(spec or "")
+    if text.startswith("zk://"):
+        from sharding.zkmap import ZkSource
+        return ZkSource(text, guard=guard, timeout=timeout)  # type: ignore[return-value]
+    return ShardMapSource(Path(text) if text else None, guard=guard)

@@ -61,6 +61,11 @@ def _run_ddl(router: Router, host: Host, statements: list[str], shard: int | Non
     retried(lambda: router.connection(host), work, policy=router.policy)
 
 
+def create_shard(router: Router, host: Host, shard: int) -> None:
+    """Create one shard database and its tables on ``host`` (safe to run again)."""
+    _run_ddl(router, host, shard_ddl(shard), shard)
+
+
 def init_databases(router: Router, threads_per_server: int = 4,
                    progress: Callable[[int], None] | None = None) -> ProvisionReport:
     """Create every database and table of the map on its master; safe to run again."""

@@ -15,16 +15,18 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Literal, TypeVar
 
 import pymysql
 import pymysql.cursors
 
+from shardfarm.errors import StaleMapError
 from shardfarm.mysql.dsn import Host
 from shardfarm.mysql.pool import Pool, retried
 from shardfarm.retry import TRANSIENT, RetryPolicy
-from sharding.mapsource import FixedSource, ShardMapSource
+from sharding import fencing
+from sharding.mapsource import FixedSource, MapSource
 from sharding.shardmap import ShardMap
 
 T = TypeVar("T")
@@ -34,7 +36,7 @@ Role = Literal["master", "slave"]
 class Router:
     """Finds the host of a shard and lends pooled connections, one pool per physical server."""
 
-    def __init__(self, source: ShardMapSource | FixedSource, *, pool_size: int = 16,
+    def __init__(self, source: MapSource, *, pool_size: int = 16,
                  policy: RetryPolicy = TRANSIENT) -> None:
         self.source = source
         self.pool_size = pool_size
@@ -105,11 +107,28 @@ class Router:
         """Run ``fn(cursor)`` in one transaction on the shard's host, retried as a whole.
 
         The host is looked up again on every attempt, so a retried call follows a
-        shard map that changed in between (a promoted slave, a moved shard).
+        shard map that changed in between (a promoted slave, a moved shard). On the
+        master the transaction first checks the shard's state (``fencing.check_map``):
+        frozen for a move, or moved by a newer map than this attempt routed with.
         ``infile=True`` for a ``fn`` that runs ``LOAD DATA LOCAL INFILE``.
         """
-        return retried(lambda: self.connection(self.host_for(shard, role), shard, infile=infile),
-                       fn, transaction=True, policy=policy or self.policy)
+        routed: list[int] = [0]  # the version of the map this attempt was routed with
+
+        def connect() -> AbstractContextManager[pymysql.Connection]:
+            m = self.shardmap
+            routed[0] = m.version
+            host = m.master(shard) if role == "master" else m.slave(shard)
+            return self.connection(host, shard, infile=infile)
+
+        def guarded(cur: pymysql.cursors.Cursor) -> T:
+            if role == "master":
+                try:
+                    fencing.check_map(cur, shard, routed[0])
+                except StaleMapError:
+                    self.source.refresh()
+                    raise
+            return fn(cur)
+        return retried(connect, guarded, transaction=True, policy=policy or self.policy)
 
     def run_mod(self, bucket: int, fn: Callable[[pymysql.cursors.Cursor], T],
                 policy: RetryPolicy | None = None, *, multi: bool = False) -> T:

@@ -71,6 +71,13 @@ FARM_TABLES: dict[str, str] = {"chunk_fences": """CREATE TABLE IF NOT EXISTS {q}
   chunk_id INT NOT NULL,
   fence BIGINT NOT NULL,
   PRIMARY KEY (run_id, chunk_id)
+) ENGINE=InnoDB DEFAULT CHARSET=ascii""",
+    # The shard map version that last placed (moved) this shard, and the move's write freeze.
+    "shard_state": """CREATE TABLE IF NOT EXISTS {q} (
+  id TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+  map_version BIGINT NOT NULL DEFAULT 0,
+  frozen TINYINT(1) NOT NULL DEFAULT 0,
+  updated_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP ON UPDATE CURRENT_TIMESTAMP
 ) ENGINE=InnoDB DEFAULT CHARSET=ascii"""}
 
 # Mod-shard lookups. Keys compare byte-wise (utf8mb4_bin): "josé" and "jose" are different users.

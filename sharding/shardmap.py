@@ -40,11 +40,16 @@ class ShardMap:
     """A validated shard map. Build with ``ShardMap.from_dict`` or ``load``."""
 
     def __init__(self, version: int, hosts: dict[str, Host], shards: list[Range],
-                 open_ranges: list[tuple[int, int]], buckets: int, mod: list[Range]) -> None:
+                 open_ranges: list[tuple[int, int]], buckets: int, mod: list[Range],
+                 open_weights: list[int] | None = None, gone: frozenset[str] = frozenset()
+                 ) -> None:
         self.version = version
         self.hosts = hosts
         self.shard_ranges = sorted(shards, key=lambda r: r.lo)
         self.open_ranges = open_ranges
+        # each open range's share of new users (default: its number of shards)
+        self.open_weights = open_weights or [hi - lo + 1 for lo, hi in open_ranges]
+        self.gone = gone  # hosts marked dead (a promoted slave replaced their master role)
         self.buckets = buckets
         self.mod_ranges = sorted(mod, key=lambda r: r.lo)
         self._shard_starts = [r.lo for r in self.shard_ranges]
@@ -249,14 +254,23 @@ def _check_overlaps(ranges: list[tuple[str, Range]], what: str) -> None:
                         f"({what})")
 
 
-def _parse_open(doc: object, shards: list[Range]) -> list[tuple[int, int]]:
-    out = []
+def _parse_open(doc: object, shards: list[Range]) -> tuple[list[tuple[int, int]], list[int]]:
+    """``open``: ``[first, last]`` or ``[first, last, weight]`` (a share of new users)."""
+    out, weights = [], []
     for i, item in enumerate(_list(doc, "open")):
-        lo, hi = _pair(item, f"open[{i}]")
+        where = f"open[{i}]"
+        weight = None
+        if isinstance(item, list) and len(item) == 3:
+            weight = _int(item[2], f"{where}[2] (weight)")
+            if not 1 <= weight <= 1_000_000:
+                raise _fail(f"{where} weight {weight} out of range 1..1000000")
+            item = item[:2]
+        lo, hi = _pair(item, where)
         if not _covered(lo, hi, shards):
-            raise _fail(f"open[{i}] [{lo}, {hi}] is not backed by shards in 'shards'")
+            raise _fail(f"{where} [{lo}, {hi}] is not backed by shards in 'shards'")
         out.append((lo, hi))
-    return out
+        weights.append(hi - lo + 1 if weight is None else weight)
+    return out, weights
 
 
 def _covered(lo: int, hi: int, ranges: list[Range]) -> bool:
@@ -296,9 +310,13 @@ def _parse(doc: object) -> ShardMap:
         raise _fail("shards is empty")
     _check_overlaps(items, "shards")
     shards = [r for _, r in items]
-    open_ranges = _parse_open(d.get("open", []), shards)
+    open_ranges, weights = _parse_open(d.get("open", []), shards)
     buckets, mod = _parse_mod(d.get("mod"), hosts)
-    return ShardMap(version, hosts, shards, open_ranges, buckets, mod)
+    gone = _list(d.get("gone", []), "gone")
+    for i, name in enumerate(gone):
+        if not isinstance(name, str) or name not in hosts:
+            raise _fail(f"gone[{i}] names unknown host {_label(name)}")
+    return ShardMap(version, hosts, shards, open_ranges, buckets, mod, weights, frozenset(gone))
 
 
 def demo_map_doc() -> dict:

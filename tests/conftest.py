@@ -196,3 +196,31 @@ def rt(settings, env):
     yield r
     r.close()
 
+
+
+@pytest.fixture(scope="session")
+def zk_server():
+    """A private ZooKeeper server (the shard map in ZooKeeper)."""
+    from tests.zkserver import PrivateZooKeeper
+    server = PrivateZooKeeper.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def repl_pair():
+    """A real master -> slave replication pair (GTID) for capacity tests that keep it alive."""
+    from tests.servers import ReplicationPair
+    pair = ReplicationPair.start(first_server_id=61)
+    yield pair
+    pair.stop()
+
+
+def map_with_pair(port_b: int, pair, version: int = 1) -> dict:
+    """The test map plus the pair's hosts ``PairM`` (master) and ``PairS`` (slave)."""
+    doc = make_map_doc(port_b)
+    doc["version"] = version
+    for name, server in (("PairM", pair.master), ("PairS", pair.slave)):
+        doc["hosts"][name] = {"host": "127.0.0.1", "port": server.port, "user": "root",
+                              "password": ""}
+    return doc

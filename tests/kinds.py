@@ -207,3 +207,26 @@ def _late(gate: str, step) -> None:
         raise
     with open(f"{gate}.late", "w") as f:
         f.write("accepted")
+
+
+def map_probe(ctx, shard: int, key: str, pin: int) -> None:
+    """Chunk handler: note the shard map version this attempt routes with (``KEY:started``),
+    wait until ``KEY:go`` is set, then write one fenced row on ``shard`` (``KEY:wrote``)."""
+    import time
+
+    from sharding import fencing, ids
+    from sharding.schema import shard_table
+    version = ctx.router.shardmap.version
+    ctx.redis.rpush(f"{key}:started", version)
+    while not ctx.redis.get(f"{key}:go"):
+        ctx.check()
+        time.sleep(0.05)
+    q = shard_table(shard, "user_has_pins")
+
+    def tx(cur):
+        fencing.check(cur, shard, ctx.token)
+        cur.execute(f"INSERT INTO {q} (from_id, to_id, sequence) VALUES (%s, %s, 1) ON "
+                    "DUPLICATE KEY UPDATE sequence = sequence + 1",
+                    (ids.encode(shard, "user", 9), ids.encode(shard, "pin", pin)))
+    ctx.router.run(shard, tx)
+    ctx.redis.rpush(f"{key}:wrote", version)

@@ -20,7 +20,8 @@ def _tables(port: int, like: str) -> dict[str, set[str]]:
 
 
 def test_every_table_on_its_master(router, server_b):
-    expected = {*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard", "chunk_fences"}
+    expected = {*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard", "chunk_fences",
+                "shard_state"}
     a = _tables(3306, "db6%")  # the suite's namespace (FARM_TEST_NS) picks among db6xxxx
     b = _tables(server_b.port, "db6%")
     for s in range(SHARDS_A[0], SHARDS_A[1] + 1):

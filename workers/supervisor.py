@@ -134,7 +134,7 @@ class Supervisor:
                     "FARM_JOB_MODULES": self.policy.env_value(),
                     "FARM_CONTROL_DSN": s.control_dsn.url(),
                     "FARM_LEGACY_DSN": s.legacy_dsn.url(),
-                    "FARM_SHARDMAP": str(s.shardmap_path or "")})
+                    "FARM_SHARDMAP": s.shardmap_spec})
         if self.metrics:
             env[ENV_KEY] = self.metrics.key
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))

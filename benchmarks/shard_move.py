@@ -1,0 +1,117 @@
+"""Moving one shard of 1M rows to another server: ``farm shards move`` against
+``mysqldump | mysql`` of the same database between the same two servers, same run.
+
+Two private mariadbd servers (source and destination); shard 0 holds 250k pins and
+750k ``user_has_pins`` rows on the source. The reference copies the database with
+``mysqldump --single-transaction | mysql``; the farm then moves it with 2 workers
+(copy run, catch-up, freeze, verify, flip). Prints both times and the ratio
+(reference / farm: above 1 means the farm is faster).
+
+Usage: ``python -m benchmarks.shard_move [--rows 1000000] [--workers 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks._server import ShardHostMariaDB
+from farmcore import control_schema
+from shardfarm.mysql.db import ensure_database
+from shardfarm.mysql.dsn import DSN
+from sharding.mapsource import ShardMapSource
+from sharding.provision import init_databases
+from sharding.router import Router
+
+ROOT = Path(__file__).resolve().parent.parent
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
+
+
+def _map(src: int, dst: int) -> dict:
+    def host(port: int) -> dict:
+        return {"host": "127.0.0.1", "port": port, "user": "root", "password": ""}
+    return {"version": 1, "hosts": {"SrcA": host(src), "SrcB": host(src), "DstA": host(dst),
+                                    "DstB": host(dst)},
+            "shards": [{"range": [0, 0], "master": "SrcA", "slave": "SrcB"}], "open": [[0, 0]],
+            "mod": {"buckets": 1, "ranges": [{"range": [0, 0], "master": "SrcA",
+                                              "slave": "SrcB"}]}}
+
+
+def _fill(server: ShardHostMariaDB, rows: int) -> None:
+    pins, edges = rows // 4, rows - rows // 4
+    server.sql("INSERT INTO db00000.pins (local_id, data) SELECT seq, JSON_OBJECT('legacy_id', "
+               "seq, 'details', CONCAT('pin number ', seq), 'link', "
+               f"CONCAT('https://example.com/', seq)) FROM db00000.seq_1_to_{int(pins)}")
+    server.sql("INSERT INTO db00000.user_has_pins (from_id, to_id, sequence) SELECT "
+               "(3 << 36) | (seq DIV 50 + 1), (1 << 36) | seq, 1400000000 + seq "
+               f"FROM db00000.seq_1_to_{int(edges)}")
+
+
+def _reference(src: ShardHostMariaDB, dst: ShardHostMariaDB) -> float:
+    t = time.monotonic()
+    dump = subprocess.Popen(["mysqldump", "-h127.0.0.1", f"-P{src.port}", "-uroot",
+                             "--single-transaction", "--databases", "db00000"],
+                            stdout=subprocess.PIPE)
+    subprocess.run(["mysql", "-h127.0.0.1", f"-P{dst.port}", "-uroot"], stdin=dump.stdout,
+                   check=True)
+    dump.wait()
+    seconds = time.monotonic() - t
+    dst.sql("DROP DATABASE db00000")
+    return seconds
+
+
+def _farm(env: dict, workers: int) -> tuple[float, dict]:
+    proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count",
+                             str(workers)], env=env, cwd=ROOT, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # the workers start (outside the measurement)
+        t = time.monotonic()
+        out = subprocess.run([sys.executable, "-m", "scripts", "shards", "move", "0-0", "--to",
+                              "DstA/DstB", "--wait"], env=env, cwd=ROOT, capture_output=True,
+                             text=True, check=True)
+        return time.monotonic() - t, json.loads(out.stdout.splitlines()[-1])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    """Fill the source, time the reference, then the farm's move; print the ratio."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    src, dst = ShardHostMariaDB.start_shard_host(), ShardHostMariaDB.start_shard_host()
+    try:
+        path = Path(tempfile.mkdtemp()) / "map.json"
+        path.write_text(json.dumps(_map(src.port, dst.port)))
+        router = Router(ShardMapSource(path))
+        init_databases(router)
+        router.close()
+        _fill(src, args.rows)
+        control = f"mysql://root@127.0.0.1:{src.port}/farm_control"
+        ensure_database(DSN.parse(control))
+        control_schema.ensure(DSN.parse(control))
+        env = {**os.environ, "FARM_SHARDMAP": str(path), "FARM_CONTROL_DSN": control,
+               "FARM_REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
+        ref = _reference(src, dst)
+        farm, summary = _farm(env, args.workers)
+        print(f"mysqldump | mysql: {ref:.1f} s for {args.rows} rows")
+        print(f"farm shards move:  {farm:.1f} s (froze writes {summary['frozen_seconds']} s, "
+              f"{summary['rows']['pins'] + summary['rows']['user_has_pins']} rows)")
+        print(f"farm phases (s): {summary['seconds']}")
+        print(f"ratio (reference / farm): {ref / farm:.2f}x")
+    finally:
+        src.stop()
+        dst.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Moving shards to another master/slave pair: plan, catch up, freeze, verify, flip, drop.
+
+The bulk copy is a farm run (``copy.copy_chunk`` per range of a table: chunked,
+resumable, fenced). Writes made meanwhile are caught up by comparing each range's
+digest on both servers and copying again the ranges that differ; a first pass runs
+while the application writes, then the range's shards are frozen (``shard_state``:
+writes through ``sharding/`` get ``ShardFrozenError``, a retryable error) for a
+last pass, a per-table check of row counts and hashes, and the flip: the next map
+version puts the shards on the new pair, and each source copy records that version,
+so a writer still routing with the old map is refused there (``StaleMapError``)
+and goes to the new home once its map is reloaded.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from farmcore.ledger import ChunkSpec
+from loaders.capacity.copy import COLUMNS, copy_range, digest, ranges
+from shardfarm.errors import FatalError, StaleStateError, UsageError
+from shardfarm.mysql.dsn import Host
+from sharding import fencing
+from sharding.growth import check_reachable, host_of
+from sharding.mappublish import amend
+from sharding.provision import create_shard
+from sharding.router import Router
+from sharding.schema import shard_db
+
+Span = tuple[int | None, int | None]
+
+
+@dataclass
+class MovePlan:
+    """Which shards move where, from which map version, in which ranges."""
+
+    lo: int
+    hi: int
+    master: str
+    slave: str
+    version: int  # the map version the move starts from; the flip publishes version + 1
+    sources: dict[int, str]  # shard -> its master's host name before the move
+    spans: dict[tuple[int, str], list[Span]] = field(default_factory=dict)
+
+    @property
+    def params(self) -> dict:
+        """What identifies the move in its run's params (a rerun finds its copy run)."""
+        return {"range": [self.lo, self.hi], "to": f"{self.master}/{self.slave}",
+                "from_version": self.version, "kinds": list(COLUMNS)}
+
+    def chunks(self) -> list[ChunkSpec]:
+        """One chunk per range of each table of each shard."""
+        return [ChunkSpec(table, {"shard": s, "table": table, "lo": lo, "hi": hi,
+                                  "src": self.sources[s], "dst": self.master})
+                for (s, table), spans in sorted(self.spans.items()) for lo, hi in spans]
+
+
+def plan(router: Router, lo: int, hi: int, master: str, slave: str,
+         rows_per_range: int = 100_000) -> MovePlan:
+    """Check the move and cut every table of every shard into ranges."""
+    m = router.shardmap
+    dst = host_of(m, master, "to master")
+    host_of(m, slave, "to slave")
+    sources = {}
+    for s in range(lo, hi + 1):
+        try:
+            src = m.master(s)
+        except FatalError:
+            raise UsageError(f"shard {s} is not in the shard map (move shards it holds)") from None
+        if src.server == dst.server:
+            raise UsageError(f"shard {s} is already on {master}'s server ({src.name})")
+        sources[s] = src.name
+    for name in {*sources.values(), master, slave}:
+        check_reachable(router, m.hosts[name], "to" if name in (master, slave) else "from")
+    p = MovePlan(lo, hi, master, slave, m.version, sources)
+    for s, src in sources.items():
+        for table in COLUMNS:
+            p.spans[(s, table)] = ranges(router, m.hosts[src], s, table, rows_per_range)
+    return p
+
+
+def prepare(router: Router, p: MovePlan) -> None:
+    """Create the shards on the new master; they take writes from the flip's version on."""
+    dst = router.shardmap.hosts[p.master]
+    for s in range(p.lo, p.hi + 1):
+        create_shard(router, dst, s)
+        router.run_on(dst, lambda cur, s=s: fencing.set_state(cur, s, p.version + 1, False), s)
+
+
+def _hosts(router: Router, p: MovePlan, s: int) -> tuple[Host, Host]:
+    m = router.shardmap
+    return m.hosts[p.sources[s]], m.hosts[p.master]
+
+
+def _compare(router: Router, src: Host, dst: Host, s: int, table: str, lo: Span,
+             pool: ThreadPoolExecutor) -> tuple[tuple[int, int], tuple[int, int]]:
+    """A range's digest on both servers, computed at the same time."""
+    theirs = pool.submit(digest, router, dst, s, table, *lo)
+    return digest(router, src, s, table, *lo), theirs.result()
+
+
+def catch_up(router: Router, p: MovePlan, strict: bool = False) -> tuple[int, dict[str, int]]:
+    """Copy again every range whose digest differs between the copies; returns how many, and
+    the rows per table. ``strict`` (the shards are frozen): the copies must then match,
+    range by range, in row count and hash (``FatalError`` naming the first that does not)."""
+    n, rows = 0, dict.fromkeys(COLUMNS, 0)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        for (s, table), spans in sorted(p.spans.items()):
+            src, dst = _hosts(router, p, s)
+            for span in spans:
+                ours, theirs = _compare(router, src, dst, s, table, span, pool)
+                if ours != theirs:
+                    copy_range(None, router, src, dst, s, table, *span, replace_all=True)
+                    n += 1
+                    if strict:
+                        ours, theirs = _compare(router, src, dst, s, table, span, pool)
+                if strict and ours != theirs:
+                    raise FatalError(f"{shard_db(s)}.{table} differs after the copy: {ours[0]} "
+                                     f"rows on {src.name}, {theirs[0]} on {p.master}; nothing "
+                                     "was flipped")
+                rows[table] += ours[0]
+    return n, rows
+
+
+def freeze(router: Router, p: MovePlan, frozen: bool, version: int | None = None) -> None:
+    """Freeze (or thaw) every source shard; ``version``: record it too (the flip's)."""
+    for s in range(p.lo, p.hi + 1):
+        src, _ = _hosts(router, p, s)
+
+        def mark(cur, s: int = s) -> None:
+            was, _ = fencing.state(cur, s)
+            fencing.set_state(cur, s, max(was, version or 0), frozen)
+        router.run_on(src, mark, s)
+
+
+def flip(spec: str, p: MovePlan, timeout: float = 10.0) -> int:
+    """Publish the next map version with shards ``lo..hi`` on the new pair; returns it."""
+    def change(doc: dict) -> None:
+        if doc["version"] != p.version:
+            raise StaleStateError(f"the shard map changed to version {doc['version']} during "
+                                  "the move; nothing flipped (run the move again)")
+        out = []
+        for entry in doc["shards"]:
+            a, b = entry["range"]
+            if b < p.lo or a > p.hi:
+                out.append(entry)
+                continue
+            if a < p.lo:
+                out.append({**entry, "range": [a, p.lo - 1]})
+            out.append({"range": [max(a, p.lo), min(b, p.hi)], "master": p.master,
+                        "slave": p.slave})
+            if b > p.hi:
+                out.append({**entry, "range": [p.hi + 1, b]})
+        doc["shards"] = out
+    return amend(spec, change, timeout).version
+
+
+def drop_sources(router: Router, p: MovePlan, dry_run: bool = False) -> list[str]:
+    """Drop the source copies of moved shards (only those that recorded the flip)."""
+    out = []
+    for s in range(p.lo, p.hi + 1):
+        src, _ = _hosts(router, p, s)
+        version, _ = router.run_on(src, lambda cur, s=s: fencing.state(cur, s), s)
+        if version <= p.version:
+            raise FatalError(f"{shard_db(s)} on {src.name} has not recorded the move; "
+                             "nothing dropped")
+        out.append(f"{src.name}:{shard_db(s)}")
+        if not dry_run:
+            router.run_on(src, lambda cur, s=s: cur.execute(
+                f"DROP DATABASE IF EXISTS `{shard_db(s)}`"), s)
+    return out

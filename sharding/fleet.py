@@ -1,0 +1,86 @@
+"""The fleet as the servers see it (``farm shards status``): per host of the map its role,
+the shards it holds, its replication lag, whether it is read-only, and the newest map
+version its shards recorded (``shard_state``: the version that last placed them)."""
+
+from __future__ import annotations
+
+import pymysql
+import pymysql.cursors
+
+from shardfarm.errors import FarmError
+from sharding.router import Router
+from sharding.schema import shard_table
+from sharding.shardmap import ShardMap
+
+BATCH = 200
+
+
+def _ranges(m: ShardMap, name: str, role: str) -> list[list[int]]:
+    return [[r.lo, r.hi] for r in m.shard_ranges
+            if getattr(r, role) == name and (role == "master" or r.master != name)]
+
+
+def _role(m: ShardMap, name: str, master_of: list, slave_of: list) -> str:
+    if name in m.gone:
+        return "gone"
+    mod = any(r.master == name for r in m.mod_ranges)
+    return "master" if master_of or mod else "slave" if slave_of else "spare"
+
+
+def _told(cur: pymysql.cursors.Cursor, shards: list[int]) -> int | None:
+    """The newest map version any of ``shards`` recorded on this server (``None``: none)."""
+    best = None
+    for i in range(0, len(shards), BATCH):
+        batch = shards[i:i + BATCH]
+        sql = " UNION ALL ".join(f"SELECT MAX(map_version) AS v FROM "
+                                 f"{shard_table(s, 'shard_state')}" for s in batch)
+        try:
+            cur.execute(f"SELECT MAX(v) FROM ({sql}) AS t")
+        except pymysql.MySQLError:  # a shard without its database here: one at a time
+            if len(batch) > 1:
+                best = max(best or 0, *(_told(cur, [s]) or 0 for s in batch)) or best
+            continue
+        v = cur.fetchone()[0]
+        if v is not None:
+            best = max(best or 0, int(v))
+    return best
+
+
+def _server(router: Router, m: ShardMap, name: str, shards: list[int]) -> dict:
+    with router.connection(m.hosts[name]) as conn, \
+            conn.cursor(pymysql.cursors.DictCursor) as cur:
+        cur.execute("SELECT @@read_only AS ro")
+        read_only = bool(cur.fetchone()["ro"])
+        cur.execute("SHOW SLAVE STATUS")
+        repl = cur.fetchone()
+    with router.connection(m.hosts[name]) as conn, conn.cursor() as cur:
+        told = _told(cur, shards)
+    lag = None
+    if repl:
+        lag = repl.get("Seconds_Behind_Master")
+        lag = "stopped" if repl.get("Slave_SQL_Running") != "Yes" or lag is None else int(lag)
+    return {"read_only": read_only, "replicates_from": (
+        f"{repl['Master_Host']}:{repl['Master_Port']}" if repl else None),
+        "lag_seconds": lag, "map_version": told}
+
+
+def host_status(router: Router, m: ShardMap, name: str) -> dict:
+    """One host's line of ``farm shards status`` (``reachable: false`` and the error if the
+    server does not answer)."""
+    h = m.hosts[name]
+    master_of, slave_of = _ranges(m, name, "master"), _ranges(m, name, "slave")
+    out = {"host": name, "address": f"{h.host}:{h.port}",
+           "role": _role(m, name, master_of, slave_of), "master_of": master_of,
+           "slave_of": slave_of}
+    shards = [s for lo, hi in master_of + slave_of for s in range(lo, hi + 1)]
+    try:
+        out |= {"reachable": True, **_server(router, m, name, shards)}
+    except (FarmError, pymysql.MySQLError) as exc:
+        out |= {"reachable": False, "error": str(exc).splitlines()[0][:300]}
+    return out
+
+
+def fleet_status(router: Router) -> dict:
+    """Every host of the map in force, with the map's version."""
+    m = router.shardmap
+    return {"version": m.version, "hosts": [host_status(router, m, n) for n in m.hosts]}

@@ -1,0 +1,135 @@
+"""The shard map in ZooKeeper: ``FARM_SHARDMAP=zk://host:port[,host:port]/path``.
+
+The node holds the map's JSON. ``ZkSource`` reads it once and then watches it: a
+new version is validated and offered to the process's guard (``GuardedMap``), and
+chunks pick it up when they start (each chunk routes with the map it started
+with). ``ZkStore`` is what ``farm shards publish`` and the capacity commands write
+through: a compare-and-set on the node's version, so two publishers cannot both win.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+
+from shardfarm.errors import ConfigError, ShardMapError, StaleStateError
+from sharding.mapsource import Guard, GuardedMap
+from sharding.shardmap import ShardMap
+
+log = logging.getLogger(__name__)
+_URL = re.compile(r"^zk://([A-Za-z0-9_.:,\[\]-]+)(/[A-Za-z0-9_./-]*[A-Za-z0-9_-])$")
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """``zk://hosts/path`` -> ``(hosts, path)``; a malformed URL is a ``ConfigError``."""
+    m = _URL.match(url)
+    if not m or "//" in m.group(2):
+        raise ConfigError(f"bad FARM_SHARDMAP {url[:80]!r} (expected zk://host:port/path)")
+    return m.group(1), m.group(2)
+
+
+def connect(url: str, timeout: float) -> tuple[KazooClient, str]:
+    """A started client of the ZooKeeper ensemble of ``url``, and the node's path."""
+    hosts, node = parse_url(url)
+    client = KazooClient(hosts=hosts, timeout=timeout)
+    try:
+        client.start(timeout=timeout)
+    except (KazooTimeoutError, KazooException, OSError):
+        client.close()
+        raise ConfigError(f"ZooKeeper {hosts} does not answer within {timeout:g} s "
+                          f"(FARM_SHARDMAP {url})") from None
+    return client, node
+
+
+class ZkSource:
+    """The map of a ZooKeeper node, switched to each new valid version as it is published."""
+
+    path = None
+
+    def __init__(self, url: str, guard: Guard | None = None, timeout: float = 10.0) -> None:
+        self.spec = url
+        self.client, self.node = connect(url, timeout)
+        self._lock = threading.Lock()
+        try:
+            data, stat = self.client.get(self.node)
+        except NoNodeError:
+            self.client.stop()
+            self.client.close()
+            raise ShardMapError(f"no shard map at {url}: publish one with "
+                                "'farm shards publish FILE'") from None
+        self._seen = stat.version
+        self._held = GuardedMap(ShardMap.from_json(data.decode("utf-8", "replace"), url),
+                                guard, url)
+        self.client.DataWatch(self.node, self._changed)
+
+    def _changed(self, data: bytes | None, stat: object) -> None:
+        """The watch: a new node version (or the first call, with the version already read)."""
+        if data is None:
+            log.error("shard map node %s is gone; keeping version %d", self.spec,
+                      self._held.current.version)
+            return
+        with self._lock:
+            if stat.version == self._seen:
+                return
+            self._seen = stat.version
+            try:
+                new = ShardMap.from_json(data.decode("utf-8", "replace"), self.spec)
+            except ShardMapError as exc:
+                log.error("keeping the previous shard map: %s", exc)
+                return
+            self._held.offer(new, stat.version)
+
+    def current(self) -> ShardMap:
+        """The newest map this process accepted."""
+        self._held.retry_due()
+        return self._held.current
+
+    def refresh(self) -> None:
+        """Read the node now (the watch may not have fired yet)."""
+        try:
+            data, stat = self.client.get(self.node)
+        except (KazooException, KazooTimeoutError):
+            return
+        self._changed(data, stat)
+
+    def close(self) -> None:
+        """Stop watching and disconnect."""
+        self.client.stop()
+        self.client.close()
+
+
+class ZkStore:
+    """Read and compare-and-set the map node (for publishing)."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        self.url = url
+        self.client, self.node = connect(url, timeout)
+
+    def load(self) -> tuple[str | None, int]:
+        """The node's text (``None`` if there is none yet) and its version stamp."""
+        try:
+            data, stat = self.client.get(self.node)
+        except NoNodeError:
+            return None, -1
+        return data.decode("utf-8", "replace"), stat.version
+
+    def write(self, text: str, stamp: int) -> None:
+        """Replace the node if it is still at ``stamp``; ``StaleStateError`` if not."""
+        try:
+            if stamp < 0:
+                self.client.create(self.node, text.encode("utf-8"), makepath=True)
+            else:
+                self.client.set(self.node, text.encode("utf-8"), version=stamp)
+        except (BadVersionError, NodeExistsError):
+            raise StaleStateError(f"another shard map was published at {self.url} meanwhile;"
+                                  " nothing written (look again and retry)") from None
+
+    def close(self) -> None:
+        """Disconnect."""
+        self.client.stop()
+        self.client.close()

@@ -1,0 +1,137 @@
+"""``farm shards move``: 8 shards to a real replication pair while a writer keeps adding pins
+through the stores; every write is found and both copies match exactly."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pymysql
+import pytest
+
+from shardfarm.errors import RetryableError
+from sharding import ids
+from sharding.mappings import Edge, MappingStore
+from sharding.mapsource import ShardMapSource
+from sharding.objects import ObjectStore
+from sharding.router import Router
+from sharding.schema import DIRECTORY_TABLES, MAPPING_TABLES, OBJECT_TABLES, shard_db
+from tests.conftest import SHARDS_A, map_with_pair, run_farm
+from tests.farmkit import start_workers, stop, until
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("park_leftover_runs")]
+SHARDS = range(SHARDS_A[0], SHARDS_A[1] + 1)
+TABLES = [*OBJECT_TABLES, *MAPPING_TABLES, *DIRECTORY_TABLES]
+SEED_USER = 4242
+
+
+class Writer(threading.Thread):
+    """Adds a pin and its user_has_pins row, round-robin over the shards, through the stores;
+    a retryable error (a frozen shard, a stale map) is retried until the write is in."""
+
+    def __init__(self, router: Router) -> None:
+        super().__init__(daemon=True)
+        self.objects, self.edges = ObjectStore(router), MappingStore(router, "user_has_pins")
+        self.router = router
+        self.done: list[tuple[int, int]] = []  # (user, pin)
+        self.retried = 0
+        self.stop_at: int | None = None
+        self.error: BaseException | None = None
+
+    def _retry(self, fn):
+        while True:
+            try:
+                return fn()
+            except RetryableError:
+                self.retried += 1
+
+    def run(self) -> None:
+        try:
+            i = 0
+            while self.stop_at is None or len(self.done) < self.stop_at:
+                shard = SHARDS[i % len(SHARDS)]
+                user = ids.encode(shard, "user", 1_000_000 + i % len(SHARDS))
+                pin = self._retry(lambda s=shard, i=i: self.objects.create(s, "pin", {"n": i}))
+                self._retry(lambda u=user, p=pin, i=i: self.edges.add(u, p, i))
+                self.done.append((user, pin))
+                i += 1
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            self.error = exc
+
+
+def _forget_writer(cur, shard: int) -> None:
+    """Remove the move's state and the writer's rows from a source shard."""
+    db = shard_db(shard)
+    cur.execute(f"DELETE FROM `{db}`.shard_state")
+    cur.execute(f"DELETE FROM `{db}`.pins WHERE JSON_KEYS(data) = JSON_ARRAY('n')")
+    cur.execute(f"DELETE FROM `{db}`.user_has_pins WHERE from_id BETWEEN %s AND %s",
+                (ids.encode(shard, "user", 1_000_000), ids.encode(shard, "user", 1_000_010)))
+
+
+def _rows(port: int, shard: int, table: str) -> set[tuple]:
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"SELECT * FROM `{shard_db(shard)}`.`{table}`")
+            return set(cur.fetchall())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def moved_map(tmp_path, server_b, repl_pair, router):
+    """A map file with the pair's hosts; the pair's copies are dropped after the test."""
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(map_with_pair(server_b.port, repl_pair)))
+    owner = ids.encode(SHARDS[0], "user", SEED_USER)
+    MappingStore(router, "user_has_pins").add_many(
+        Edge(owner, ids.encode(SHARDS[0], "pin", 10_000 + k), k) for k in range(2500))
+    yield path
+    for s in SHARDS:
+        repl_pair.master.sql(f"DROP DATABASE IF EXISTS `{shard_db(s)}`")
+        router.run_on(router.host_for(s), lambda cur, s=s: _forget_writer(cur, s), s)
+    router.run(SHARDS[0], lambda cur: cur.execute(
+        f"DELETE FROM `{shard_db(SHARDS[0])}`.user_has_pins WHERE from_id = %s", (owner,)))
+
+
+def test_move_eight_shards_under_writes_loses_nothing(moved_map, repl_pair, env):
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    live = Router(ShardMapSource(moved_map, interval=0.2))
+    writer = Writer(live)
+    workers = start_workers(e, 2)
+    try:
+        writer.start()
+        until(lambda: len(writer.done) >= 20, what="the writer to get going")
+        at_start = len(writer.done)
+        out = run_farm(e, "shards", "move", f"{SHARDS[0]}-{SHARDS[-1]}", "--to", "PairM/PairS",
+                       "--wait", "--rows-per-chunk", "1000", timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        summary = json.loads(out.stdout.splitlines()[-1])
+        assert len(writer.done) > at_start + 20  # the stores kept writing during the move
+        writer.stop_at = len(writer.done) + 30  # and 30 more writes with the new map
+        writer.join(timeout=120)
+    finally:
+        writer.stop_at = 0
+        log = stop(workers)
+    assert writer.error is None, writer.error
+    assert summary["version"] == 2 and summary["rows"]["user_has_pins"] >= 2500, summary
+    assert live.shardmap.version == 2 and live.shardmap.master(SHARDS[3]).name == "PairM"
+    assert ObjectStore(live).get_many([p for _, p in writer.done]).missing == []
+    for user, pin in writer.done:
+        assert pin in MappingStore(live, "user_has_pins").page(user, limit=10_000).ids, pin
+    written = {(ids.decode(p).shard, ids.decode(p).local) for _, p in writer.done}
+    repl_pair.wait_caught_up()
+    for s in SHARDS:
+        for t in TABLES:
+            old, new = _rows(3306, s, t), _rows(repl_pair.master.port, s, t)
+            assert old <= new, (s, t, len(old - new))
+            extra = new - old  # only the writer's writes after the flip
+            if t == "pins":
+                assert {(s, r[0]) for r in extra} <= written, (s, t)
+            elif t == "user_has_pins":
+                assert {r[1] for r in extra} <= {p for _, p in writer.done}, (s, t)
+            else:
+                assert not extra, (s, t)
+            assert _rows(repl_pair.slave.port, s, t) == new, (s, t)
+    assert "Traceback" not in log
+    print(summary, "writes:", len(writer.done), "retried:", writer.retried)

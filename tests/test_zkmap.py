@@ -1,0 +1,105 @@
+"""The shard map in a real ZooKeeper: read, watched, switched, published with compare-and-set."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from shardfarm.errors import ConfigError, ShardMapError, StaleStateError
+from sharding.mappublish import publish
+from sharding.mapsource import open_source
+from sharding.shardmap import demo_map_doc
+from sharding.zkmap import ZkStore, parse_url
+from tests.farmkit import until
+
+
+def _doc(version: int, master: str = "MySQL001A") -> str:
+    doc = demo_map_doc()
+    doc["version"] = version
+    doc["shards"][0]["master"] = master
+    return json.dumps(doc)
+
+
+@pytest.fixture
+def url(zk_server) -> str:
+    return zk_server.url(f"/t/{uuid.uuid4().hex}/map")
+
+
+def test_a_missing_node_says_to_publish_one(url):
+    with pytest.raises(ShardMapError, match="farm shards publish"):
+        open_source(url)
+
+
+def test_a_bad_url_and_a_dead_server_are_one_line_config_errors():
+    with pytest.raises(ConfigError, match="zk://host:port/path"):
+        parse_url("zk://127.0.0.1:2181")
+    from tests.servers import free_port
+    with pytest.raises(ConfigError, match="does not answer"):
+        open_source(f"zk://127.0.0.1:{free_port()}/map", timeout=1)
+
+
+def test_a_watching_source_switches_to_each_published_version(url):
+    publish(url, _doc(1))
+    source = open_source(url)
+    try:
+        assert source.current().version == 1
+        publish(url, _doc(2, master="MySQL001B"))
+        m = until(lambda: source.current().version == 2 and source.current(), timeout=20,
+                  what="the watch to deliver version 2")
+        assert m.shard_range(0).master == "MySQL001B"
+    finally:
+        source.close()
+
+
+def test_a_stale_or_skipping_version_is_refused_in_one_line(url):
+    publish(url, _doc(1))
+    for v in (1, 3):
+        with pytest.raises(StaleStateError, match="publish version 2") as exc:
+            publish(url, _doc(v))
+        assert "\n" not in str(exc.value)
+    publish(url, _doc(2))
+
+
+def test_an_invalid_map_is_never_written(url):
+    publish(url, _doc(1))
+    bad = json.loads(_doc(2))
+    bad["shards"][0]["master"] = "nobody"
+    with pytest.raises(ShardMapError, match="unknown host"):
+        publish(url, json.dumps(bad))
+    store = ZkStore(url)
+    try:
+        assert json.loads(store.load()[0])["version"] == 1
+    finally:
+        store.close()
+
+
+def test_of_two_publishers_that_read_the_same_version_one_is_refused(url):
+    publish(url, _doc(1))
+    first, second = ZkStore(url), ZkStore(url)
+    try:
+        _, stamp1 = first.load()
+        _, stamp2 = second.load()
+        first.write(_doc(2), stamp1)
+        with pytest.raises(StaleStateError, match=r"published .* meanwhile"):
+            second.write(_doc(2, master="MySQL001B"), stamp2)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_guard_holds_a_new_version_back(url):
+    publish(url, _doc(1))
+    calls = []
+
+    def guard(old, new):
+        calls.append(new.version)
+        return "a run is active"
+    source = open_source(url, guard=guard)
+    try:
+        publish(url, _doc(2))
+        until(lambda: calls, timeout=20, what="the guard to be asked")
+        assert source.current().version == 1
+    finally:
+        source.close()

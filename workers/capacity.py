@@ -1,0 +1,82 @@
+"""``farm shards move`` end to end: the copy run, then catch-up, freeze, verify and flip.
+
+See ``loaders.capacity.move`` for the steps. A move that stops half way is run again
+with the same command: the copy run of the same move (same range, target and map
+version) is resumed instead of started again, and the catch-up fixes whatever
+changed since.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from jobs import runs
+from jobs.runtime import Runtime
+from loaders.capacity import copy as capcopy
+from loaders.capacity import move as capmove
+from shardfarm.errors import FatalError
+from workers.launch import Notice, _silent, warn_without_workers
+
+Follow = Callable[[str], str]
+KIND = "shardmove"
+
+
+def _copy_run(rt: Runtime, p: capmove.MovePlan, max_lag: float | None) -> str:
+    """The copy run of this move: an earlier one with the same params, or a new one."""
+    for run_id in rt.ledger.runs(limit=50):
+        run = rt.ledger.run(run_id)
+        if run["kind"] == KIND and all(run["params"].get(k) == v for k, v in p.params.items()):
+            if run["status"] != "done":
+                runs.retry_failed(rt, run_id)
+            return run_id
+    extra = {"max_lag": max_lag} if max_lag else {}
+    return runs.start(rt, KIND, capcopy.HANDLER, p.chunks(), {**p.params, **extra})
+
+
+def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
+         rows_per_range: int = 100_000, follow: Follow | None = None,
+         max_lag: float | None = None, notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
+    """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan.
+
+    ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
+    clock = [time.monotonic()]
+    phases: dict[str, float] = {}
+
+    def lap(name: str) -> None:
+        now = time.monotonic()
+        phases[name], clock[0] = round(now - clock[0], 3), now
+    p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
+    warn_without_workers(rt, notice)
+    capmove.prepare(rt.router, p)
+    lap("plan")
+    run_id = _copy_run(rt, p, max_lag)
+    status = follow(run_id) if follow else runs.wait(rt, run_id)
+    lap("copy")
+    if status != "done":
+        raise FatalError(f"copy run {run_id} ended {status}: see 'farm failed {run_id}', then "
+                         "run the same move again (it resumes)")
+    notice(f"copied by run {run_id}; catching up with the writes made meanwhile")
+    before, _ = capmove.catch_up(rt.router, p)
+    lap("catch_up")
+    capmove.freeze(rt.router, p, True)
+    flipped = None
+    try:
+        during, rows = capmove.catch_up(rt.router, p, strict=True)
+        flipped = capmove.flip(rt.settings.shardmap_spec, p, rt.settings.connect_timeout)
+    finally:
+        capmove.freeze(rt.router, p, False, flipped)
+    lap("frozen")
+    rt.router.source.refresh()
+    return {"moved": [lo, hi], "to": f"{master}/{slave}", "version": flipped, "run_id": run_id,
+            "rows": rows, "recopied_ranges": before + during,
+            "frozen_seconds": phases["frozen"], "seconds": phases}, p
+
+
+def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float, dry_run: bool,
+                 notice: Notice = _silent) -> list[str]:
+    """After ``grace`` seconds (readers of the old map finish), drop the source copies."""
+    if not dry_run and grace > 0:
+        notice(f"dropping the source copies in {grace:g} s")
+        time.sleep(grace)
+    return capmove.drop_sources(rt.router, p, dry_run)
