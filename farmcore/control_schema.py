@@ -101,6 +101,19 @@ STATEMENTS: list[str] = [
   run_id VARCHAR(40) NULL,
   updated_at DATETIME(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # farm sync: the leader's lease (fenced) and the binlog position applied up to.
+    """CREATE TABLE IF NOT EXISTS sync_state (
+  name VARCHAR(16) NOT NULL PRIMARY KEY,
+  owner VARCHAR(128) NULL,
+  host VARCHAR(128) NULL,
+  fence BIGINT NOT NULL DEFAULT 0,
+  expires DATETIME(3) NULL,
+  run_id VARCHAR(40) NULL,
+  gtid VARCHAR(1000) NULL,
+  event_time BIGINT NULL,
+  applied JSON NULL,
+  checkpointed_at DATETIME(3) NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 ]
 
 

@@ -15,7 +15,7 @@ from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
 ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
          "followers", "feeds", "export", "cron", "workers", "scale", "status", "resume", "pause",
-         "unpause", "failed", "retry-failed", "enqueue", "id", "modshard")
+         "unpause", "sync", "cutover", "failed", "retry-failed", "enqueue", "id", "modshard")
 
 
 class FarmGroup(click.Group):
@@ -70,10 +70,11 @@ def _register() -> None:
         cmd_reverse,
         cmd_runs,
         cmd_shards,
+        cmd_sync,
         cmd_workers,
     )
     for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_feeds,
-                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export):
+                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export, cmd_sync):
         module.register(cli)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
-from loaders.migration import claims, converge, present
+from loaders.migration import binlog, claims, converge, present
 from loaders.migration.build import Builder
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.newids import IdCache, NewIds
@@ -44,12 +44,13 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
         raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
     reader = LegacyReader(settings.legacy_dsn)
     try:
+        binlog_pos = binlog.followable_position(reader)  # before any row is read
         chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi})
                   for t in ORDER for lo, hi in covering(reader.plan(SPEC[t], chunk_rows))]
     finally:
         reader.close()
     params = {"open_shards": _open_shards(router, ledger), "chunk_rows": chunk_rows,
-              "kinds": list(ORDER)}
+              "kinds": list(ORDER), "binlog_pos": binlog_pos}
     return params, chunks
 
 
