@@ -135,6 +135,19 @@ STATEMENTS: list[str] = [
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS chunks_done INT NULL, "
     "ADD COLUMN IF NOT EXISTS chunks_failed INT NULL, "
     "ADD COLUMN IF NOT EXISTS rows_written BIGINT NULL",
+    # farm sync: the leader's lease (fenced) and the binlog position applied up to.
+    """CREATE TABLE IF NOT EXISTS sync_state (
+  name VARCHAR(16) NOT NULL PRIMARY KEY,
+  owner VARCHAR(128) NULL,
+  host VARCHAR(128) NULL,
+  fence BIGINT NOT NULL DEFAULT 0,
+  expires DATETIME(3) NULL,
+  run_id VARCHAR(40) NULL,
+  gtid VARCHAR(1000) NULL,
+  event_time BIGINT NULL,
+  applied JSON NULL,
+  checkpointed_at DATETIME(3) NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 ]
 
 

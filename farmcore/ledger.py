@@ -20,6 +20,7 @@ import pymysql.cursors
 from farmcore.cronstate import CronState
 from farmcore.mismatches import Mismatches
 from farmcore.quarantine import Quarantine
+from farmcore.syncstate import SyncState
 from shardfarm.errors import ConfigError, FatalError, FencedError
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.mysql.pool import Pool
@@ -93,6 +94,7 @@ class Ledger:
         self.quarantine = Quarantine(self.pool)
         self.mismatches = Mismatches(self.pool)
         self.cron_state = CronState(self.pool)
+        self.sync_state = SyncState(self.pool)
 
     def close(self) -> None:
         """Close pooled connections."""

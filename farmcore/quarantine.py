@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the ledger wires these stores in: no import at run time
     from farmcore.ledger import Lease
 
 BATCH = 1000  # rows per INSERT
+SYNC_CHUNK = -1  # the chunk_id of rows ``farm sync`` records
 BadRow = tuple[str, str, str, str | None]  # (legacy table, legacy key, reason, detail)
 
 
@@ -28,6 +29,25 @@ class Quarantine:
         """Record bad legacy rows ``(table, key, reason, detail)`` of a chunk (idempotent)."""
         params = [(lease.run_id, t, k, reason, (detail or "")[:500], lease.chunk_id)
                   for t, k, reason, detail in rows]
+        self._insert(params)
+
+    def replace(self, run_id: str, table: str, keys: list[str], rows: list[BadRow],
+                prefix: bool = False) -> None:
+        """Make ``rows`` the quarantine of legacy ``keys`` of ``table`` in a run (``farm
+        sync``: a key applied again is quarantined for its current reason or not at all).
+        With ``prefix``, a key is a first key column (``7`` stands for ``7:*``)."""
+        for i in range(0, len(keys), BATCH):
+            part = keys[i:i + BATCH]
+            cond = (" OR ".join(["legacy_key LIKE %s"] * len(part)) if prefix
+                    else f"legacy_key IN ({','.join(['%s'] * len(part))})")
+            args = [f"{k}:%" for k in part] if prefix else part
+            self.pool.execute("DELETE FROM quarantine WHERE run_id = %s AND legacy_table = %s "
+                              f"AND ({cond})", (run_id, table, *args))
+        params = [(run_id, t, k, reason, (detail or "")[:500], SYNC_CHUNK)
+                  for t, k, reason, detail in rows]
+        self._insert(params)
+
+    def _insert(self, params: list[tuple]) -> None:
         for i in range(0, len(params), BATCH):
             self.pool.executemany(
                 "INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, detail, "

@@ -15,7 +15,8 @@ from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
 ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
          "followers", "feeds", "export", "cron", "workers", "scale", "status", "resume", "pause",
-         "unpause", "failed", "retry-failed", "enqueue", "id", "modshard", "dashboard")
+         "unpause", "sync", "cutover", "failed", "retry-failed", "enqueue", "dashboard", "id",
+         "modshard")
 
 
 class FarmGroup(click.Group):
@@ -75,10 +76,12 @@ def _register() -> None:
         cmd_reverse,
         cmd_runs,
         cmd_shards,
+        cmd_sync,
         cmd_workers,
     )
     for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_feeds,
-                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export, cmd_dashboard):
+                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export, cmd_sync,
+                   cmd_dashboard):
         module.register(cli)
 
 

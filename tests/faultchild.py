@@ -4,6 +4,7 @@ Usage: ``python -m tests.faultchild SCENARIO ARGS_JSON``. Every MySQL statement 
 commit the process sends (any connection, any thread) is a numbered step:
 
 - ``FARM_FAULT_TRACE=path``: each step is appended there (``N<TAB>what``) before it runs;
+- ``FARM_FAULT_MATCH=text``: only statements holding ``text`` are numbered steps;
 - ``FARM_FAULT_STEP=N`` with ``FARM_FAULT_ACTION=kill`` (default): SIGKILL itself just
   before step N, i.e. after steps 1..N-1 completed; with ``freeze``: SIGSTOP itself there,
   and carry on with step N when the parent sends SIGCONT.
@@ -27,6 +28,7 @@ import pymysql.connections
 import pymysql.cursors
 
 STEP = int(os.environ.get("FARM_FAULT_STEP") or 0)
+MATCH = os.environ.get("FARM_FAULT_MATCH")  # count only the statements holding this text
 ACTION = os.environ.get("FARM_FAULT_ACTION") or "kill"
 TRACE = os.environ.get("FARM_FAULT_TRACE")
 _count = 0
@@ -36,6 +38,8 @@ _lock = threading.Lock()
 def step(what: str) -> None:
     """Number a step, record it, and kill or freeze this process if it is the chosen one."""
     global _count
+    if MATCH and MATCH not in what:
+        return
     with _lock:
         _count += 1
         n = _count
@@ -107,8 +111,21 @@ def _export(router, control: str, run_id: str, chunk_id: int, group: int) -> Non
     ledger.close()
 
 
+def _sync(router, env: dict) -> None:
+    from farmcore.ledger import Ledger
+    from loaders.migration.follower import Follower
+    from shardfarm.settings import Settings
+    settings = Settings.from_env(env)
+    ledger = Ledger(settings.control_dsn)
+    try:
+        Follower(settings, router, ledger, f"child:{os.getpid()}", "child",
+                 until_caught_up=True).run()
+    finally:
+        ledger.close()
+
+
 SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse,
-                                  "export": _export}
+                                  "sync": _sync, "export": _export}
 
 
 def main(argv: list[str]) -> int:

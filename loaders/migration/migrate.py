@@ -10,19 +10,22 @@ Chunks run in any order, any number of times, with the same result.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
-from loaders.migration import claims
+from loaders.migration import binlog, claims, converge, present
 from loaders.migration.build import Builder
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.newids import IdCache, NewIds
-from loaders.migration.spec import ORDER, SPEC, legacy_key
+from loaders.migration.present import Selection
+from loaders.migration.spec import ORDER, SPEC, LegacyTable, legacy_key
 from loaders.migration.verdicts import Resolver, Verdict, Verdicts, user_placement
 from loaders.migration.writer import write_all
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.settings import Settings
+from sharding.fencing import FenceToken
 from sharding.router import Router
 
 HANDLER = "loaders.migration.migrate.load_chunk"
@@ -30,6 +33,8 @@ HANDLER = "loaders.migration.migrate.load_chunk"
 # touches, so rows per chunk set rows per statement: 50k rows put ~12 lookups in each.
 # Measured with 2 workers: 15% faster than 25k; a worker's peak memory 200 MiB (150).
 DEFAULT_CHUNK_ROWS = 50_000
+IN_BATCH = 1000
+KEY_LIMIT = (1 << 64) - 1
 
 
 def plan(settings: Settings, router: Router, ledger: Ledger,
@@ -39,13 +44,25 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
         raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
     reader = LegacyReader(settings.legacy_dsn)
     try:
+        binlog_pos = binlog.followable_position(reader)  # before any row is read
         chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi}, rows=n)
-                  for t in ORDER for lo, hi, n in reader.plan(SPEC[t], chunk_rows)]
+                  for t in ORDER for lo, hi, n in covering(reader.plan(SPEC[t], chunk_rows))]
     finally:
         reader.close()
     params = {"open_shards": _open_shards(router, ledger), "chunk_rows": chunk_rows,
-              "kinds": list(ORDER)}
+              "kinds": list(ORDER), "binlog_pos": binlog_pos}
     return params, chunks
+
+
+def covering(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The ``(lo, hi, rows)`` ranges stretched to cover every key from 0 to 2**64 - 1
+    without a gap (rows kept): a re-run must also visit the keys deleted since the last
+    one (between, before or after the keys there are now) to take them out of the target."""
+    ranges = list(ranges) or [(0, 0, 0)]
+    starts = [lo for lo, _, _ in ranges]
+    ends = [s - 1 for s in starts[1:]] + [KEY_LIMIT]
+    return [(0 if i == 0 else lo, hi, n)
+            for i, (lo, hi, (_, _, n)) in enumerate(zip(starts, ends, ranges, strict=True))]
 
 
 def _open_shards(router: Router, ledger: Ledger) -> list[int]:
@@ -90,12 +107,27 @@ def process_state(ctx: ChunkContext) -> ProcessState:
     return _states[key]
 
 
+def read_selection(reader: LegacyReader, spec: LegacyTable, sel: Selection) -> list[dict]:
+    """The legacy rows of a selection of ``spec``'s first key column, in key order."""
+    if sel.values is None:
+        return reader.chunk(spec, sel.lo, sel.hi)
+    if not sel.values:
+        return []
+    out: list[dict] = []
+    for i in range(0, len(sel.values), IN_BATCH):
+        part = sel.values[i:i + IN_BATCH]
+        cond, params = Selection.of(list(part)).where(f"`{spec.key[0]}`")
+        out += reader.rows(spec, spec.columns, cond, params)
+    return out
+
+
 def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int,
-                verdicts: Verdicts | None = None) -> tuple[Resolver, list[tuple[dict, Verdict]]]:
-    """Read one chunk and judge every row (shared by load and verify); ``verdicts`` are
-    those the process's earlier chunks of the same run reached."""
+                verdicts: Verdicts | None = None, sel: Selection | None = None
+                ) -> tuple[Resolver, list[tuple[dict, Verdict]]]:
+    """Read one chunk (or ``sel``) and judge every row (shared by load and verify);
+    ``verdicts`` are those the process's earlier chunks of the same run reached."""
     spec = SPEC[table]
-    rows = reader.chunk(spec, lo, hi)
+    rows = read_selection(reader, spec, sel or Selection(lo, hi))
     if verdicts is not None:
         verdicts.trim()
     resolver = Resolver(reader, user_placement(params["open_shards"]), verdicts)
@@ -103,23 +135,47 @@ def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int
     return resolver, [(r, resolver.judge(spec, r)) for r in rows]
 
 
+def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver):
+    """What the target holds for ``sel`` now (read before the selection writes)."""
+    if spec.is_object:
+        return present.held_objects(router, spec.name, spec.type_name, sel)
+    return {m.table: present.held_links(router, m.table, sel, resolver.place_user)
+            for m in spec.mappings}
+
+
 def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
-    """Chunk handler: load legacy rows ``lo..hi`` of ``table`` into the shards."""
-    st = process_state(ctx)
+    """Chunk handler: load legacy rows ``lo..hi`` of ``table`` into the shards and take out
+    of the target what those rows no longer imply (``loaders.migration.converge``)."""
+    def record(bad: list) -> None:
+        ctx.ledger.quarantine.record(ctx.lease, bad)
+    return load_selection(ctx.router, ctx.token, process_state(ctx), ctx.params, table,
+                          Selection(lo, hi), record, ctx.check)
+
+
+def load_selection(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
+                   table: str, sel: Selection, record: Callable[[list], None],
+                   check: Callable[[], None] = lambda: None) -> Outcome:
+    """Make the target exactly what the legacy rows of ``sel`` imply: write the valid rows,
+    quarantine the others (through ``record``), remove what is stale."""
     spec = SPEC[table]
-    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
+    resolver, judged = judge_chunk(st.reader, params, table, 0, -1, st.verdicts, sel)
     good = [(r, v) for r, v in judged if v.valid]
     bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
-    ctx.check()
-    builder = Builder(spec, resolver, st.newids(ctx), ctx.router.shardmap.buckets)
+    check()
+    builder = Builder(spec, resolver, NewIds(router, st.id_cache), router.shardmap.buckets)
     target = builder.build(good)
-    found = claims.survey(ctx.router, target)
+    before = held(router, spec, sel, resolver)
+    found = claims.survey(router, target)
     if found.taken:  # a corrupted target: those rows write nothing at all
         bad += [(table, legacy_key(spec, r), claims.TAKEN, found.taken[r["id"]])
                 for r, _ in good if r["id"] in found.taken]
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
-    write_all(ctx.router, ctx.token, target, found.held)
-    ctx.ledger.quarantine.record(ctx.lease, bad)
+    write_all(router, token, target, found.held)
+    stale = (converge.stale_objects(spec, before, target) if spec.is_object
+             else converge.stale_links(before, target))
+    converge.apply(router, token, spec, stale)
+    converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
+    record(bad)
     return Outcome(rows_read=len(judged), rows_written=len(good), rows_quarantined=len(bad),
-                   counts=target.count())
+                   counts={**target.count(), "removed": stale.count()})

@@ -24,6 +24,7 @@ from functools import partial
 
 import orjson
 
+from loaders.migration import retire
 from loaders.migration.spec import LegacyTable
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
@@ -74,15 +75,33 @@ class NewIds:
         """
         big = {(ids.TYPES[tbl.type_name], legacy): (tbl, shard) for tbl, legacy, shard in wanted
                if not fits(legacy)}
-        big = {k: v for k, v in big.items() if k not in self.cache}
+        big = {k: v for k, v in big.items() if not self._placed(k, v[1])}
         if not big:
             return
         if len(self.cache) > MAX_CACHE:
             self.cache.clear()
         self.cache.update(self._lookup(big.keys()))
-        todo = {k: v for k, v in big.items() if k not in self.cache}
+        # an ID on another shard than the row's placement now (its board moved): a new one
+        todo = {k: v for k, v in big.items() if not self._placed(k, v[1])}
         if allocate and todo:
+            before = {k: self.cache[k] for k in todo if k in self.cache}
             self.cache.update(self._allocate(todo))
+            self._retire_moved(todo, before)
+
+    def _retire_moved(self, todo: dict, before: dict[tuple[int, int], int]) -> None:
+        """Retire the old slots of big legacy IDs given a new ID on another shard."""
+        by_table: dict[str, tuple[LegacyTable, dict[int, int]]] = {}
+        for key, old in before.items():
+            if self.cache[key] != old:
+                tbl = todo[key][0]
+                by_table.setdefault(tbl.name, (tbl, {}))[1][old] = key[1]
+        for tbl, objects in by_table.values():
+            retire.moved(self.router, tbl, objects)
+
+    def _placed(self, key: tuple[int, int], shard: int) -> bool:
+        """Whether the cache knows the big legacy ID ``key`` on ``shard``."""
+        got = self.cache.get(key)
+        return got is not None and got >> ids.SHARD_SHIFT == shard
 
     def _bucket(self, type_id: int, legacy: int) -> int:
         key = legacy_key(ids.TYPE_NAMES[type_id], legacy)
@@ -174,11 +193,14 @@ def _recorded(run: list[tuple[int, list]], cur) -> dict[tuple[int, int], int]:
 
 def _claim(run: list[tuple[int, list]], mine: dict[tuple[int, int], int],
            cur) -> dict[tuple[int, int], int]:
-    """Record ``mine`` where nothing is recorded yet; return what is recorded now."""
+    """Record ``mine`` where nothing is recorded yet, or where the recorded ID is on
+    another shard (the row was placed elsewhere since); return what is recorded now."""
     cur.execute(";".join(
-        f"INSERT IGNORE INTO {mod_table(b, 'legacy_id_map')} (type_id, legacy_id, new_id) "
+        f"INSERT INTO {mod_table(b, 'legacy_id_map')} (type_id, legacy_id, new_id) "
         "VALUES " + ",".join(f"({int(t)},{int(legacy)},{int(mine[(t, legacy)])})"
                              for t, legacy in pairs)
+        + f" ON DUPLICATE KEY UPDATE new_id = IF(new_id >> {ids.SHARD_SHIFT} = "
+          f"VALUES(new_id) >> {ids.SHARD_SHIFT}, new_id, VALUES(new_id))"
         for b, pairs in run))
     while cur.nextset():
         pass

@@ -1,0 +1,142 @@
+"""The legacy server's binary log as ``farm sync`` reads it: server checks, positions, and a
+stream of row changes in transaction order (``pymysqlreplication``, MariaDB GTIDs).
+
+A position is MariaDB's ``gtid_binlog_pos`` text (``domain-server-seq`` per domain,
+comma separated). The stream reports a position only at the end of a transaction, so a
+checkpoint never falls inside one.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import HeartbeatLogEvent, MariadbGtidEvent, XidEvent
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from loaders.migration.legacy import LegacyReader
+from shardfarm.errors import ConfigError, FatalError
+from shardfarm.mysql.dsn import DSN
+
+PURGED = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position is no longer there
+HOW_TO_ENABLE = ("set log_bin=ON and binlog_format=ROW in its server config ([mysqld] "
+                 "log_bin, binlog_format=ROW) and restart it")
+
+
+class PurgedPositionError(FatalError):
+    """The binlog position to resume from is no longer on the server: a full re-run is
+    needed (retrying cannot help)."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One row change: legacy table, images before and after (``None`` for insert/delete)."""
+
+    table: str
+    before: dict | None
+    after: dict | None
+
+
+@dataclass(frozen=True)
+class Mark:
+    """The end of a transaction (``position`` then includes it) or an idle heartbeat."""
+
+    position: str
+    timestamp: int
+    idle: bool = False
+
+
+def check_server(reader: LegacyReader) -> None:
+    """Refuse a legacy server whose binary log cannot be followed (one line, how to fix)."""
+    (log_bin, fmt), = reader.query("SELECT @@log_bin, @@binlog_format")
+    if not int(log_bin) or str(fmt).upper() != "ROW":
+        raise ConfigError(f"the legacy server {reader.dsn.host}:{reader.dsn.port} has "
+                          f"log_bin={'ON' if int(log_bin) else 'OFF'}, binlog_format={fmt}: "
+                          f"farm sync needs a row-based binary log; {HOW_TO_ENABLE}")
+
+
+def followable_position(reader: LegacyReader) -> str | None:
+    """The position now if the server writes a row-based binary log, else ``None``."""
+    (log_bin, fmt, pos), = reader.query("SELECT @@log_bin, @@binlog_format, @@gtid_binlog_pos")
+    return str(pos or "") if int(log_bin) and str(fmt).upper() == "ROW" else None
+
+
+def current_position(reader: LegacyReader) -> str:
+    """The server's ``gtid_binlog_pos`` now."""
+    return str(reader.query("SELECT @@gtid_binlog_pos")[0][0] or "")
+
+
+def parse(position: str) -> dict[int, tuple[int, int]]:
+    """``{domain: (server, seq)}`` of a position text."""
+    out = {}
+    for part in filter(None, (p.strip() for p in position.split(","))):
+        domain, server, seq = (int(x) for x in part.split("-"))
+        out[domain] = (server, seq)
+    return out
+
+
+def render(pos: dict[int, tuple[int, int]]) -> str:
+    """Position text of ``{domain: (server, seq)}``."""
+    return ",".join(f"{d}-{s}-{q}" for d, (s, q) in sorted(pos.items()))
+
+
+def behind(applied: str, current: str) -> int:
+    """Transactions in ``current`` not yet in ``applied`` (summed over domains)."""
+    a = parse(applied)
+    return sum(max(0, q - a.get(d, (0, 0))[1]) for d, (_, q) in parse(current).items())
+
+
+def stream(dsn: DSN, start: str, heartbeat: float = 1.0) -> Iterator[Change | Mark]:
+    """Row changes of ``dsn``'s database from ``start`` on, a ``Mark`` after each
+    transaction and when idle; blocks waiting for more. ``PurgedPositionError`` when the
+    server no longer has ``start``."""
+    conn = {"host": dsn.host, "port": dsn.port, "user": dsn.user, "passwd": dsn.password or ""}
+    reader = BinLogStreamReader(
+        connection_settings=conn, server_id=random.randint(10**6, 2**31), blocking=True,
+        is_mariadb=True, auto_position=start, resume_stream=True, slave_heartbeat=heartbeat,
+        only_schemas=[dsn.database], enable_logging=False,
+        only_events=[MariadbGtidEvent, XidEvent, HeartbeatLogEvent, WriteRowsEvent,
+                     UpdateRowsEvent, DeleteRowsEvent])
+    pos = parse(start)
+    try:
+        yield from _events(reader, pos)
+    except pymysql.err.OperationalError as exc:
+        if exc.args and exc.args[0] == PURGED:
+            raise PurgedPositionError(
+                f"the legacy server no longer has binlog position {start or '(empty)'} "
+                "(purged): a full re-run is needed ('farm migrate --wait', then 'farm sync')"
+            ) from None
+        raise
+    finally:
+        reader.close()
+
+
+def _events(reader: BinLogStreamReader, pos: dict) -> Iterator[Change | Mark]:
+    pending: tuple[int, int, int] | None = None
+    for ev in reader:
+        if isinstance(ev, MariadbGtidEvent):
+            if pending is not None:  # a group without an XID (DDL): complete as well
+                pos[pending[0]] = pending[1:]
+            pending = (ev.domain_id, ev.server_id, ev.gtid_seq_no)
+        elif isinstance(ev, XidEvent):
+            if pending is not None:
+                pos[pending[0]] = pending[1:]
+                pending = None
+            yield Mark(render(pos), ev.timestamp)
+        elif isinstance(ev, HeartbeatLogEvent):
+            yield Mark(render(pos), 0, idle=True)
+        else:
+            yield from _rows(ev)
+
+
+def _rows(ev) -> Iterator[Change]:
+    for row in ev.rows:
+        if isinstance(ev, WriteRowsEvent):
+            yield Change(ev.table, None, row["values"])
+        elif isinstance(ev, DeleteRowsEvent):
+            yield Change(ev.table, row["values"], None)
+        else:
+            yield Change(ev.table, row["before_values"], row["after_values"])

@@ -1,0 +1,144 @@
+"""``farm sync``: follow the legacy binlog and apply every change, one leader at a time.
+
+Any number of processes may run; the one holding the lease in the control database
+(``farmcore.syncstate``) leads, the others wait to take over when it expires. The
+leader follows the latest ``farm migrate`` run once it has ended, from the position
+that run recorded when it was planned (or the checkpoint of an earlier leader of the
+same run), gathers row changes of whole transactions, applies them
+(``loaders.migration.sync``, fenced with the lease's token) and only then moves the
+checkpoint to the end of the last transaction applied: killed at any point, the next
+leader starts from a position whose every earlier change is applied, and applies
+again at most what came after it (harmless: applying is idempotent).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from farmcore.ledger import Ledger
+from loaders.migration import binlog, sync
+from loaders.migration.binlog import Change
+from loaders.migration.legacy import LegacyReader
+from shardfarm.errors import ConfigError, FencedError
+from shardfarm.settings import Settings
+from sharding.fencing import FenceToken
+from sharding.router import Router
+
+LEASE_SECONDS = 10.0
+BATCH_ROWS = 5000  # legacy keys per apply
+BATCH_SECONDS = 0.5  # the longest a change waits for its batch to fill
+
+
+@dataclass
+class Follower:
+    """One ``farm sync`` process."""
+
+    settings: Settings
+    router: Router
+    ledger: Ledger
+    owner: str
+    host: str
+    until_caught_up: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        """Lead when possible and follow until stopped (or caught up, if asked)."""
+        reader = LegacyReader(self.settings.legacy_dsn)
+        try:
+            binlog.check_server(reader)
+            while not self.stop.is_set():
+                fence = self.ledger.sync_state.acquire(self.owner, self.host, LEASE_SECONDS)
+                run = self._run() if fence is not None else None
+                if run is None:
+                    self.stop.wait(LEASE_SECONDS / 4 if fence is None else 1.0)
+                    continue
+                try:
+                    if self._follow(reader, fence, run):
+                        self.ledger.sync_state.release(fence)
+                        return
+                except FencedError:
+                    continue  # another process took over: wait to lead again
+        finally:
+            reader.close()
+
+    def _run(self) -> dict | None:
+        """The migrate run to follow: the latest, once it has ended (its chunks must not
+        write rows older than the changes applied after them)."""
+        run_id = self.ledger.latest_run("migrate")
+        if run_id is None:
+            raise ConfigError("no migrate run to follow: run 'farm migrate' first")
+        run = self.ledger.run(run_id)
+        if run["params"].get("binlog_pos") is None:
+            raise ConfigError(f"migrate run {run_id} recorded no binlog position (the legacy "
+                              "server had no binary log then): run 'farm migrate' again")
+        return None if run["status"] == "running" else run
+
+    def _start(self, run: dict) -> str:
+        state = self.ledger.sync_state.read()
+        if state.get("run_id") == run["run_id"] and state.get("gtid") is not None:
+            return state["gtid"]
+        return run["params"]["binlog_pos"]
+
+    def _follow(self, reader: LegacyReader, fence: int, run: dict) -> bool:
+        """Stream and apply until stopped, caught up (if asked) or the lease is lost."""
+        token = FenceToken("sync", 0, fence)
+        start = self._start(run)
+        changes, since = sync.Changes(), None
+        for item in binlog.stream(self.settings.legacy_dsn, start):
+            if isinstance(item, Change):
+                changes.add(item.table, item.before, item.after)
+                since = since or time.monotonic()
+                continue
+            full = changes.rows() >= BATCH_ROWS or (since and time.monotonic() - since
+                                                     > BATCH_SECONDS)
+            if item.idle or full:
+                self._flush(reader, fence, token, run, changes, item)
+                changes, since = sync.Changes(), None
+            if self.stop.is_set() or (item.idle and self.until_caught_up
+                                      and self._caught_up(reader)):
+                return True
+        return False
+
+    def _flush(self, reader: LegacyReader, fence: int, token: FenceToken, run: dict,
+               changes: sync.Changes, mark: binlog.Mark) -> None:
+        """Apply ``changes``, then checkpoint ``mark`` (fenced at both ends)."""
+        if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
+            raise FencedError(f"sync lease {fence} lost")
+        applied = sync.apply(self.router, token, reader, self.ledger.quarantine, run, changes)
+        state = self.ledger.sync_state.read()
+        if not applied and state.get("gtid") == mark.position:
+            return
+        stamp = mark.timestamp or int(time.time())
+        if not self.ledger.sync_state.checkpoint(fence, run["run_id"], mark.position, stamp,
+                                                 applied):
+            raise FencedError(f"sync lease {fence} lost before its checkpoint")
+
+    def _caught_up(self, reader: LegacyReader) -> bool:
+        state = self.ledger.sync_state.read()
+        return binlog.behind(state.get("gtid") or "", binlog.current_position(reader)) == 0
+
+
+def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
+    """Where sync stands: leader, checkpoint, lag (transactions and seconds, against the
+    legacy server's position now when ``reader`` reaches it), keys applied per table and
+    the followed run's quarantine by reason."""
+    state = ledger.sync_state.read()
+    if not state:
+        return {"state": "never run"}
+    out = {"leader": state["owner"] if state["leading"] else None,
+           "host": state["host"] if state["leading"] else None, "run_id": state["run_id"],
+           "position": state["gtid"], "applied": state["applied"],
+           "checkpointed_at": str(state["checkpointed_at"] or "")}
+    if reader is not None:
+        server = binlog.current_position(reader)
+        lag = binlog.behind(state["gtid"] or "", server)
+        out.update({"server_position": server, "lag_events": lag,
+                    "lag_seconds": 0 if lag == 0 or not state["event_time"]
+                    else max(0, int(time.time()) - int(state["event_time"]))})
+    quarantined: dict[str, dict[str, int]] = {}
+    for table, reason, n in ledger.quarantine.reasons(state["run_id"]) if state["run_id"] else []:
+        quarantined.setdefault(table, {})[reason] = n
+    out["quarantined"] = quarantined
+    return out

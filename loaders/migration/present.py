@@ -1,0 +1,199 @@
+"""What the target holds now for a selection of legacy keys (read only, never all of it).
+
+A *selection* is a range of a legacy table's first key column (a chunk of ``farm
+migrate``) or an explicit list of its values (the keys ``farm sync`` saw change). The
+target is indexed by it without a scan of everything:
+
+- an object whose legacy ID is below 2**35 sits at local ID = legacy ID on some shard:
+  one index range (or ``IN`` list) per shard finds every active slot of the selection,
+  wherever an earlier placement put it;
+- ``legacy_id_map`` rows of the selection: an index range on ``(type_id, legacy_id)``
+  in every bucket (a list selection reads only the buckets its keys hash to); they lead
+  to the slots of legacy IDs of 2**35 and above;
+- a link table's rows (follows, likes) live in the user's forward table on the user's
+  shard; its users are found as above.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from loaders.migration.newids import SMALL_LIMIT, fits
+from sharding import ids
+from sharding.jsondoc import loads
+from sharding.modshard import bucket_of, legacy_key
+from sharding.router import Router
+from sharding.schema import mod_table, shard_table
+
+UNION_PARTS = 200
+MAX_PARAMS = 20_000
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Legacy first-key values ``lo..hi``, or exactly ``values`` when given."""
+
+    lo: int
+    hi: int
+    values: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, values: list[int]) -> Selection:
+        """A selection of exactly these values."""
+        v = tuple(sorted(set(values)))
+        return cls(v[0] if v else 0, v[-1] if v else -1, v)
+
+    def small(self) -> Selection | None:
+        """The part below 2**35 (where legacy ID = local ID), or ``None`` if empty."""
+        if self.values is not None:
+            v = [x for x in self.values if fits(x)]
+            return Selection.of(v) if v else None
+        lo, hi = max(self.lo, 1), min(self.hi, SMALL_LIMIT - 1)
+        return Selection(lo, hi) if lo <= hi else None
+
+    def has_big(self) -> bool:
+        """Whether the selection may hold legacy IDs that are not their own local ID."""
+        if self.values is not None:
+            return any(not fits(x) for x in self.values)
+        return self.lo < 1 or self.hi >= SMALL_LIMIT
+
+    def where(self, col: str) -> tuple[str, list]:
+        """SQL condition and parameters selecting ``col`` in this selection."""
+        if self.values is None:
+            return f"{col} BETWEEN %s AND %s", [self.lo, self.hi]
+        return f"{col} IN ({','.join(['%s'] * len(self.values))})", list(self.values)
+
+
+@dataclass
+class Held:
+    """What the target holds for a selection of one object table: active slots
+    (new ID -> ``(legacy_id, document)``) and ``legacy_id_map`` rows (legacy -> new ID)."""
+
+    slots: dict[int, tuple[int, dict]] = field(default_factory=dict)
+    mapped: dict[int, int] = field(default_factory=dict)
+
+
+def union_read(router: Router, numbers: list[int], host_of: Callable,
+               part: Callable[[int], tuple[str, list]]) -> list[tuple]:
+    """Rows of ``part(n)`` (a SELECT and its parameters) for every shard or bucket ``n``,
+    as ``UNION ALL`` queries of up to ``UNION_PARTS`` parts per server."""
+    by_server: dict[tuple, list[int]] = defaultdict(list)
+    hosts = {}
+    for n in numbers:
+        h = host_of(n)
+        hosts[h.server] = h
+        by_server[h.server].append(n)
+    out: list[tuple] = []
+    for server, ns in by_server.items():
+        sqls = [part(n) for n in ns]
+        width = max(1, min(UNION_PARTS, MAX_PARAMS // max(1, len(sqls[0][1]))))
+        for i in range(0, len(sqls), width):
+            group = sqls[i:i + width]
+            out += router.query(hosts[server], " UNION ALL ".join(s for s, _ in group),
+                                [p for _, ps in group for p in ps])
+    return out
+
+
+def shard_read(router: Router, part: Callable[[int], tuple[str, list]]) -> list[tuple]:
+    """``union_read`` over every shard of the map."""
+    return union_read(router, list(router.shardmap.shards()), router.host_for, part)
+
+
+def mapped_ids(router: Router, type_name: str, sel: Selection) -> dict[int, int]:
+    """``legacy_id_map`` rows of ``type_name`` in the selection: legacy ID -> new ID."""
+    m = router.shardmap
+    t = ids.TYPES[type_name]
+    if sel.values is None:
+        buckets = {b: sel for b in range(m.buckets)}
+    else:
+        groups: dict[int, list[int]] = defaultdict(list)
+        for v in sel.values:
+            groups[bucket_of(legacy_key(type_name, v), m.buckets)].append(v)
+        buckets = {b: Selection.of(vs) for b, vs in groups.items()}
+
+    def part(b: int) -> tuple[str, list]:
+        cond, params = buckets[b].where("legacy_id")
+        return (f"SELECT legacy_id, new_id FROM {mod_table(b, 'legacy_id_map')} "
+                f"WHERE type_id = {t} AND {cond}", params)
+    rows = union_read(router, sorted(buckets), m.mod_master, part)
+    return {int(legacy): int(new) for legacy, new in rows}
+
+
+def _slots_small(router: Router, name: str, type_id: int, sel: Selection) -> list[tuple]:
+    def part(s: int) -> tuple[str, list]:
+        cond, params = sel.where("local_id")
+        return (f"SELECT {s}, local_id, data FROM {shard_table(s, name)} "
+                f"WHERE active = 1 AND {cond}", params)
+    return [(ids.encode(s, type_id, local), local, data)
+            for s, local, data in shard_read(router, part)]
+
+
+def _slots_by_id(router: Router, name: str, new_ids: list[int]) -> list[tuple]:
+    by_shard: dict[int, list[int]] = defaultdict(list)
+    for n in new_ids:
+        by_shard[n >> ids.SHARD_SHIFT].append(n & ids.MAX_LOCAL)
+    sels = {s: Selection.of(v) for s, v in by_shard.items()}
+
+    def part(s: int) -> tuple[str, list]:
+        cond, params = sels[s].where("local_id")
+        return (f"SELECT {s}, local_id, data FROM {shard_table(s, name)} "
+                f"WHERE active = 1 AND {cond}", params)
+    rows = union_read(router, sorted(sels), router.host_for, part)
+    type_id = next(iter(new_ids)) >> ids.TYPE_SHIFT & ids.MAX_TYPE if new_ids else 0
+    return [(ids.encode(s, type_id, local), local, data) for s, local, data in rows]
+
+
+def held_objects(router: Router, name: str, type_name: str, sel: Selection) -> Held:
+    """Active object slots and ``legacy_id_map`` rows the target holds for ``sel``; a slot
+    counts only if its document names the legacy row that owns it."""
+    out = Held(mapped=mapped_ids(router, type_name, sel))
+    type_id = ids.TYPES[type_name]
+    small = sel.small()
+    rows = _slots_small(router, name, type_id, small) if small else []
+    big = [new for legacy, new in out.mapped.items() if not fits(legacy)]
+    rows += _slots_by_id(router, name, big) if big else []
+    for new_id, local, data in rows:
+        doc = loads(data)
+        legacy = doc.get("legacy_id")
+        if isinstance(legacy, int) and (legacy == local or out.mapped.get(legacy) == new_id):
+            out.slots[new_id] = (legacy, doc)
+    return out
+
+
+def user_ids(router: Router, sel: Selection, place_user: Callable[[int], int]) -> list[int]:
+    """New IDs the selection's users have or had in the target: a small legacy ID's is a
+    pure function of it (users never move), a big one's is in ``legacy_id_map``."""
+    t = ids.TYPES["user"]
+    out = [new for legacy, new in mapped_ids(router, "user", sel).items() if not fits(legacy)]
+    small = sel.small()
+    if small is not None and small.values is not None:
+        out += [ids.encode(place_user(u), t, u) for u in small.values]
+    return out
+
+
+def held_links(router: Router, table: str, sel: Selection,
+               place_user: Callable[[int], int]) -> set[tuple[int, int]]:
+    """``(from_id, to_id)`` rows of forward mapping ``table`` whose user is in ``sel``."""
+    t = ids.TYPES["user"]
+    small = sel.small()
+    rows: list[tuple] = []
+    if small is not None and small.values is None:  # a range: one index range per shard
+        def part(s: int) -> tuple[str, list]:
+            return (f"SELECT from_id, to_id FROM {shard_table(s, table)} "
+                    "WHERE from_id BETWEEN %s AND %s",
+                    [ids.encode(s, t, small.lo), ids.encode(s, t, small.hi)])
+        rows += shard_read(router, part)
+        sel = Selection.of([]) if not sel.has_big() else sel
+    listed = user_ids(router, sel, place_user) if sel.values != () else []
+    by_shard: dict[int, list[int]] = defaultdict(list)
+    for u in listed:
+        by_shard[u >> ids.SHARD_SHIFT].append(u)
+    sels = {s: Selection.of(v) for s, v in by_shard.items()}
+
+    def listed_part(s: int) -> tuple[str, list]:
+        cond, params = sels[s].where("from_id")
+        return f"SELECT from_id, to_id FROM {shard_table(s, table)} WHERE {cond}", params
+    rows += union_read(router, sorted(sels), router.host_for, listed_part)
+    return {(int(a), int(b)) for a, b in rows}

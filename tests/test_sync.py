@@ -1,0 +1,168 @@
+"""``farm sync`` and ``farm cutover`` on a private mariadbd writing a ROW binlog with GTIDs:
+a write load (inserts, updates, deletes, cascading deletes, bad rows, rows made valid)
+runs while ``farm migrate`` and ``farm sync`` run; sync is SIGKILLed between an apply
+and its checkpoint; after ``farm cutover --freeze`` the target matches the independent
+checker exactly. Plus the one-line refusals (no binlog, a purged position)."""
+
+import json
+import threading
+
+import pymysql
+import pytest
+import redis
+
+from tests import faults
+from tests.conftest import run_farm
+from tests.contract_checker import check_migration
+from tests.farmkit import start_workers, stop
+from tests.migratekit import last_json, quarantine_rows, truncate_target
+from tests.servers import PrivateMariaDB
+
+USERS = 40
+CHECKPOINT = "UPDATE sync_state SET run_id"
+
+
+@pytest.fixture(scope="module")
+def legacy_server():
+    server = PrivateMariaDB.start_binlog(server_id=7)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def live(farm_env, settings, ledger, router, server_b, legacy_server):
+    """An environment whose legacy database is on the binlog server; a fresh sync state."""
+    env = {**farm_env, "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:{legacy_server.port}/legacy",
+           "FARM_LEASE_SECONDS": "10"}
+    ledger.pool.execute("DELETE FROM sync_state")
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    truncate_target(server_b.port)
+    out = run_farm(env, "legacy", "generate", "--users", str(USERS), "--seed", "31", "--replace")
+    assert out.returncode == 0, out.stderr
+    legacy_server.sql("CREATE USER IF NOT EXISTS app@'%' IDENTIFIED BY 'app'")
+    legacy_server.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON legacy.* TO app@'%'")
+    procs = start_workers(env, 2)
+    yield env
+    stop(procs)
+
+
+def _app(server) -> pymysql.Connection:
+    """The application's (non-admin) connection to the legacy database."""
+    return pymysql.connect(host="127.0.0.1", port=server.port, user="app", password="app",
+                           database="legacy", autocommit=True)
+
+
+LOAD = [  # the write load: every kind of change, each statement its own transaction
+    "UPDATE users SET created_at = NULL WHERE id = (SELECT MAX(id) FROM (SELECT id FROM users "
+    "WHERE username IS NOT NULL AND created_at IS NOT NULL) x)",
+    "UPDATE users SET username = CONCAT('Reborn', id) WHERE username IS NULL",
+    "UPDATE users SET email = 'Live@Example.com' WHERE id IN (SELECT id FROM (SELECT id FROM "
+    "users ORDER BY id LIMIT 3) x)",
+    "DELETE FROM users WHERE id = (SELECT id FROM (SELECT user_id id FROM boards "
+    "GROUP BY user_id ORDER BY COUNT(*) DESC LIMIT 1) x)",
+    "UPDATE pins SET created_at = '2015-01-02 03:04:05' WHERE created_at IS NULL",
+    "UPDATE pins SET board_id = board_id + 1 WHERE id % 17 = 0",
+    "DELETE FROM boards WHERE id % 11 = 0",
+    "DELETE FROM follows WHERE user_id % 5 = 0",
+    "INSERT INTO users (id, username, email, full_name, created_at) VALUES "
+    "(900001, 'newcomer', 'live@example.com', 'New', '2016-02-03 04:05:06'), "
+    "(900002, NULL, NULL, 'Bad', '2016-02-03 04:05:06')",
+    "INSERT INTO boards (id, user_id, name, description, created_at) VALUES "
+    "(900001, 900001, 'b', NULL, '2016-02-03 04:05:06'), (900002, 900002, 'x', NULL, NULL)",
+    "INSERT INTO pins (id, user_id, board_id, details, link, image_url, created_at) VALUES "
+    "(900001, 900001, 900001, 'p', NULL, NULL, '2016-02-03 04:05:07')",
+    "INSERT INTO follows (user_id, board_id, created_at) VALUES (900001, 900001, NOW())",
+    "UPDATE users SET username = 'fixed900002' WHERE id = 900002",
+    "UPDATE boards SET created_at = NOW() WHERE id = 900002",
+]
+
+
+def _load(server, statements: list[str]) -> None:
+    conn = _app(server)
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+    finally:
+        conn.close()
+
+
+def _exact(server, settings, map_path, run_id: str) -> list[str]:
+    legacy = {"host": "127.0.0.1", "port": server.port, "user": "root", "password": "",
+              "database": "legacy"}
+    c = settings.control_dsn
+    control = {"host": c.host, "port": c.port, "user": c.user, "password": c.password,
+               "database": c.database}
+    return check_migration(legacy, json.loads(map_path.read_text()),
+                           quarantine_rows(control, run_id))
+
+
+@pytest.mark.slow
+def test_sync_killed_between_apply_and_checkpoint_then_cutover_is_exact(
+        live, settings, ledger, map_path, legacy_server, monkeypatch):
+    half = len(LOAD) // 2
+    writer = threading.Thread(target=_load, args=(legacy_server, LOAD[:half]))
+    writer.start()  # changes made while the migration runs
+    out = run_farm(live, "migrate", "--chunk-size", "200", "--wait", timeout=600)
+    writer.join()
+    assert out.returncode == 0, out.stderr + out.stdout
+    run_id = last_json(out.stdout)["run_id"]
+    assert ledger.run(run_id)["params"]["binlog_pos"] is not None
+    _load(legacy_server, LOAD[half:])
+    args = {"shardmap": str(map_path), "env": live}
+    monkeypatch.setenv("FARM_FAULT_MATCH", CHECKPOINT)
+    assert faults.run_killed("sync", args, 1) == -9  # applied, then killed: no checkpoint
+    assert not ledger.sync_state.read().get("gtid")
+    _load(legacy_server, ["DELETE FROM users WHERE id = 900001",  # cascades again
+                          "UPDATE users SET created_at = NOW() WHERE created_at IS NULL"])
+    assert faults.run_killed("sync", args, 2) == -9  # one checkpoint, killed at the next
+    monkeypatch.delenv("FARM_FAULT_MATCH")
+    done = run_farm(live, "sync", "--until-caught-up", timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert _exact(legacy_server, settings, map_path, run_id) == []
+    status = run_farm(live, "sync", "status")
+    doc = last_json(status.stdout)
+    assert doc["lag_events"] == 0 and doc["run_id"] == run_id and doc["applied"]["users"] > 0
+    sync = start_sync(live)
+    try:
+        cut = run_farm(live, "cutover", "--freeze", timeout=600)
+    finally:
+        stop(sync)
+    assert cut.returncode == 0, cut.stdout + cut.stderr
+    assert "cutover: target exact at legacy binlog position" in cut.stdout
+    assert "0 mismatch(es)" in cut.stdout
+    with pytest.raises(pymysql.err.OperationalError):  # frozen for the application
+        _load(legacy_server, ["DELETE FROM likes LIMIT 1"])
+    legacy_server.sql("SET GLOBAL read_only = 0")
+
+
+def start_sync(env):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    return subprocess.Popen([sys.executable, "-m", "scripts", "sync"], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_sync_refuses_a_server_without_binlog(farm_env, ledger, server_b):
+    env = {**farm_env, "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:{server_b.port}/mysql"}
+    out = run_farm(env, "sync", timeout=60)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "log_bin=ON and binlog_format=ROW" in lines[0], out.stderr
+
+
+@pytest.mark.slow
+def test_sync_refuses_a_purged_position(live, ledger, legacy_server):
+    ledger.pool.execute("DELETE FROM sync_state")
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    _load(legacy_server, ["DELETE FROM likes LIMIT 1"])
+    legacy_server.sql("FLUSH BINARY LOGS")
+    (last,), = [r[:1] for r in legacy_server.sql("SHOW BINARY LOGS")][-1:]
+    legacy_server.sql(f"PURGE BINARY LOGS TO '{last}'")
+    out = run_farm(live, "sync", timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "purged" in lines[0] and "full re-run" in lines[0], out.stderr
