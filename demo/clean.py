@@ -46,13 +46,18 @@ def clean_everything(rt: Runtime) -> dict:
     dropped = drop_demo_databases(rt)
     conn = rt.settings.redis()
     try:
-        queues = sorted({DEFAULT_QUEUE, *(r["queue"] for r in runs if r["queue"])})
+        queues = farm_queues(runs)
         deleted = (farm_keys(conn) + sum(rq_queue_keys(conn, q) for q in queues)
                    + rq_worker_keys(conn, set(queues)) + home_feeds(conn, rt))
     finally:
         conn.close()
     return {"dropped_databases": dropped, "redis_keys_deleted": deleted,
             "export_files_deleted": exported}
+
+
+def farm_queues(runs: list[dict]) -> list[str]:
+    """The rq queues the farm used: every run's, and the default queue."""
+    return sorted({DEFAULT_QUEUE, *(r["queue"] for r in runs if r["queue"])})
 
 
 def drop_demo_databases(rt: Runtime) -> int:
@@ -75,21 +80,25 @@ def _drop(rt: Runtime, host: Host, db: str) -> int:
     return 1
 
 
-def remove_demo_exports(runs: list[dict]) -> int:
-    """Delete the files of every export the demo ran (never the rest of the destination)."""
-    removed = 0
+def remove_demo_exports(runs: list[dict], dry: bool = False) -> int:
+    """Delete (``dry``: count) the files of every export the demo ran (never the rest of the
+    destination)."""
+    files: dict[str, set[str]] = {}
     for run in runs:
         p = run["params"]
-        if run["kind"] != "export" or not p.get("demo"):
-            continue
-        dest = open_destination(p["dest"])
-        for table in p["kinds"]:
-            for key in dest.list(exporter.folder_of(table, p["date"])):
+        if run["kind"] == "export" and p.get("demo"):
+            dest = open_destination(p["dest"])
+            files.setdefault(p["dest"], set()).update(
+                key for table in p["kinds"]
+                for key in dest.list(exporter.folder_of(table, p["date"])))
+    if not dry:
+        for url, found in files.items():
+            dest = open_destination(url)
+            for key in found:
                 dest.delete(key)
-                removed += 1
-        if isinstance(dest, FileDestination):
-            _prune_empty(dest.root)
-    return removed
+            if isinstance(dest, FileDestination):
+                _prune_empty(dest.root)
+    return sum(len(found) for found in files.values())
 
 
 def _prune_empty(root: str | os.PathLike) -> None:
@@ -100,27 +109,26 @@ def _prune_empty(root: str | os.PathLike) -> None:
 
 
 def _delete_matching(conn: redis.Redis, pattern: str,
-                     keep: Callable[[str], bool] = lambda key: False) -> int:
-    """Delete the keys matching ``pattern`` (SCAN), except those ``keep`` says to leave."""
+                     keep: Callable[[str], bool] = lambda key: False, dry: bool = False) -> int:
+    """Delete the keys matching ``pattern`` (SCAN), except those ``keep`` says to leave;
+    ``dry``: only count them."""
     n = 0
     for key in conn.scan_iter(match=pattern, count=1000):
         if not keep(key.decode()):
-            n += conn.delete(key)
+            n += 1 if dry else conn.delete(key)
     return n
 
 
-def farm_keys(conn: redis.Redis) -> int:
-    """Delete every key of the farm's own namespace (``farm:*``)."""
-    return _delete_matching(conn, f"{keys.PREFIX}:*")
+def farm_keys(conn: redis.Redis, dry: bool = False) -> int:
+    """Delete (``dry``: count) every key of the farm's own namespace (``farm:*``)."""
+    return _delete_matching(conn, f"{keys.PREFIX}:*", dry=dry)
 
 
 def rq_queue_keys(conn: redis.Redis, name: str) -> int:
     """Delete one rq queue: its waiting jobs, every registry and the jobs they hold."""
     q = Queue(name, connection=conn, serializer=JSONSerializer)
     n = 0
-    for registry in (q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
-                     q.deferred_job_registry, q.scheduled_job_registry,
-                     q.canceled_job_registry, q.ready_job_registry):
+    for registry in _registries(q):
         for job_id in registry.get_job_ids(cleanup=False):
             n += _delete_job(conn, job_id)
         n += conn.delete(registry.key)
@@ -143,13 +151,30 @@ def _delete_job(conn: redis.Redis, job_id: str) -> int:
                            Result.get_key(job_id))
 
 
-def rq_worker_keys(conn: redis.Redis, queues: set[str]) -> int:
-    """Delete the registrations of rq workers that listen only to the farm's queues."""
+def queue_jobs(conn: redis.Redis, name: str) -> int:
+    """Jobs of one rq queue, waiting or in any registry (what ``rq_queue_keys`` deletes)."""
+    q = Queue(name, connection=conn, serializer=JSONSerializer)
+    return q.count + sum(r.get_job_count(cleanup=False)  # counting changes nothing
+                         for r in _registries(q))
+
+
+def _registries(q: Queue) -> tuple:
+    """Every job registry rq keeps for queue ``q``."""
+    return (q.started_job_registry, q.finished_job_registry, q.failed_job_registry,
+            q.deferred_job_registry, q.scheduled_job_registry, q.canceled_job_registry,
+            q.ready_job_registry)
+
+
+def rq_worker_keys(conn: redis.Redis, queues: set[str], dry: bool = False) -> int:
+    """Delete (``dry``: count) the registrations of rq workers that listen only to the
+    farm's queues."""
     n = 0
     prefix = Worker.redis_worker_namespace_prefix
     for key in conn.scan_iter(match=prefix + "*", count=1000):
         listens = {q for q in (conn.hget(key, "queues") or b"").decode().split(",") if q}
-        if listens and listens <= queues:
+        if listens and listens <= queues and dry:
+            n += 1
+        elif listens and listens <= queues:
             n += conn.delete(key)
             conn.srem(REDIS_WORKER_KEYS, key)
             for q in listens:
@@ -157,8 +182,9 @@ def rq_worker_keys(conn: redis.Redis, queues: set[str]) -> int:
     return n
 
 
-def home_feeds(conn: redis.Redis, rt: Runtime) -> int:
-    """Delete the home feeds (and half-built ones) of users whose shard is in the map."""
+def home_feeds(conn: redis.Redis, rt: Runtime, dry: bool = False) -> int:
+    """Delete (``dry``: count) the home feeds (and half-built ones) of users whose shard is
+    in the map."""
     shards = set(rt.router.shardmap.shards())
 
     def not_ours(key: str) -> bool:
@@ -170,4 +196,4 @@ def home_feeds(conn: redis.Redis, rt: Runtime) -> int:
             return True
         return decoded.type_name != "user" or decoded.shard not in shards
 
-    return _delete_matching(conn, _HOME + "*", keep=not_ours)
+    return _delete_matching(conn, _HOME + "*", keep=not_ours, dry=dry)

@@ -91,16 +91,27 @@ def shard_rows(rt: Runtime) -> dict[str, tuple[int, int]]:
 
 def _count_tables(rt: Runtime, host: Host, dbs: list[str]) -> dict[str, int]:
     """Rows per database (each table counted up to ``COUNT_CAP``), existing tables only."""
+    out: dict[str, int] = defaultdict(int)
+    for (db, _), n in table_rows(rt, host, dbs, DATA_TABLES).items():
+        out[db] += n
+    return out
+
+
+def table_rows(rt: Runtime, host: Host, dbs: list[str], only: tuple[str, ...] | None = None
+               ) -> dict[tuple[str, str], int]:
+    """Rows per ``(database, table)`` of ``dbs`` on ``host`` (tables of ``only`` if given),
+    each counted up to ``COUNT_CAP``; existing tables only, ``_BATCH`` per statement."""
     marks = ",".join(["%s"] * len(dbs))
     tables = [(d, t) for d, t in rt.router.query(
         host, f"SELECT table_schema, table_name FROM information_schema.tables "
-              f"WHERE table_schema IN ({marks})", dbs) if t in DATA_TABLES]
-    out: dict[str, int] = defaultdict(int)
+              f"WHERE table_schema IN ({marks}) ORDER BY table_schema, table_name", dbs)
+        if only is None or t in only]
+    out: dict[tuple[str, str], int] = {}
     for i in range(0, len(tables), _BATCH):
-        sql = " UNION ALL ".join(f"SELECT '{d}', COUNT(*) FROM (SELECT 1 FROM `{d}`.`{t}` "
-                                 f"LIMIT {COUNT_CAP}) x" for d, t in tables[i:i + _BATCH])
-        for db, n in rt.router.query(host, sql):
-            out[db] += int(n)
+        sql = " UNION ALL ".join(f"SELECT '{d}', '{t}', COUNT(*) FROM (SELECT 1 FROM "
+                                 f"`{d}`.`{t}` LIMIT {COUNT_CAP}) x"
+                                 for d, t in tables[i:i + _BATCH])
+        out.update({(db, t): int(n) for db, t, n in rt.router.query(host, sql)})
     return out
 
 

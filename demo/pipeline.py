@@ -23,6 +23,7 @@ from demo.legacygen.generate import generate
 from demo.phases import Phases, RunResult, run_result, verify_result
 from exporters import export as exporter
 from farmcore.preflight import preflight
+from farmcore.progress import RunProgress
 from farmcore.provision import provision
 from jobs import runs
 from jobs.runtime import Runtime
@@ -40,9 +41,9 @@ HOT_SPREAD = 4
 
 
 class RunWatch(Protocol):
-    """Shown a run's progress (its per-kind counts) on each poll, then closed."""
+    """Shown a run's progress on each poll, then closed."""
 
-    def __call__(self, kinds: list[dict]) -> None:
+    def __call__(self, progress: RunProgress) -> None:
         """Show the run's progress now."""
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ attempt gets twice the time. A chunk routes with one shard map from start to end
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import socket
@@ -27,6 +28,7 @@ from farmcore.ledger import ClaimRefused, Lease, Outcome
 from jobs import throttle
 from jobs.dispatch import dispatch_later
 from jobs.runtime import Runtime
+from shardfarm import log as farm_log
 from shardfarm.errors import ChunkTimeoutError, FatalError, FencedError
 from shardfarm.retry import backoff
 
@@ -53,7 +55,9 @@ class Renewer:
         ctx.lease_seconds = seconds or LEASE_SECONDS
         ctx.extended(time.monotonic())  # claimed a moment ago; the margin covers the gap
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._loop, daemon=True, name="lease-renewer")
+        # in a copy of this context: its lines carry the chunk's run, chunk and shard too
+        self.thread = threading.Thread(target=contextvars.copy_context().run,
+                                       args=(self._loop,), daemon=True, name="lease-renewer")
 
     def _loop(self) -> None:
         ctx = self.ctx
@@ -99,8 +103,14 @@ def execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int = 0) -> str:
     """Run one chunk; returns what happened (``done``, ``skipped:<why>``, ``failed``, …).
 
     A paused run's chunk does nothing (unpausing dispatches it again); ``timeouts``: how
-    many earlier attempts ran out of time (each doubles the job's timeout).
+    many earlier attempts ran out of time (each doubles the job's timeout). Lines logged
+    meanwhile carry the run and chunk (and the shard, for a chunk of one shard).
     """
+    with farm_log.context(run=run_id, chunk=chunk_id):
+        return _execute(rt, run_id, chunk_id, timeouts)
+
+
+def _execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int) -> str:
     run = rt.ledger.run(run_id)
     if run["paused"]:
         return "skipped:paused"
@@ -114,7 +124,8 @@ def execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int = 0) -> str:
         return f"skipped:{claim.reason}"
     ctx = ChunkContext(rt.settings, rt.router.pinned(), rt.ledger, claim, run["params"],
                        rt.redis, time_limit=time_limit())
-    return _run(rt, run, ctx, timeouts)
+    with farm_log.context(shard=claim.args.get("shard")):
+        return _run(rt, run, ctx, timeouts)
 
 
 def _run(rt: Runtime, run: dict, ctx: ChunkContext, timeouts: int) -> str:
@@ -124,7 +135,11 @@ def _run(rt: Runtime, run: dict, ctx: ChunkContext, timeouts: int) -> str:
         with Renewer(ctx):
             outcome = handler(ctx, **lease.args) or ctx.outcome
             ctx.check()
-        rt.ledger.finish(lease, outcome if isinstance(outcome, Outcome) else ctx.outcome)
+        outcome = outcome if isinstance(outcome, Outcome) else ctx.outcome
+        rt.ledger.finish(lease, outcome)
+        log.info("chunk %s of %s done: %d rows read, %d written, %d quarantined",
+                 lease.chunk_id, lease.run_id, outcome.rows_read, outcome.rows_written,
+                 outcome.rows_quarantined)
     except FencedError:
         log.warning("chunk %s of %s was taken over; dropping this attempt", lease.chunk_id,
                     lease.run_id)

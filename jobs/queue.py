@@ -140,12 +140,14 @@ def enqueue_many(queue: str, function: str, kwargs_iterable: Iterable[dict], *,
                  id_key: str | None = None, write_batch: int = 5000,
                  progress: Callable[[int], None] | None = None,
                  policy: JobPolicy | None = None, job_timeout: int = JOB_TIMEOUT,
-                 retries: int = JOB_RETRIES) -> EnqueueResult:
+                 retries: int = JOB_RETRIES,
+                 on_ids: Callable[[list[str]], None] | None = None) -> EnqueueResult:
     """Enqueue one call of ``function(**kwargs)`` per item, streaming, in pipelined batches.
 
     Items are packed ``batch`` per rq job; with ``dedup`` an item whose ID is queued or
     running on this queue is counted as a duplicate instead. A job runs at most
     ``job_timeout`` seconds, and is tried again ``retries`` times after a crash or timeout.
+    ``on_ids`` is given the item IDs of each group written (to wait for them: ``itemwait``).
     """
     check_function(function, policy)
     if not 1 <= batch <= 10_000:
@@ -159,6 +161,8 @@ def enqueue_many(queue: str, function: str, kwargs_iterable: Iterable[dict], *,
         items = [[item_id(function, kw, id_key), kw] for kw in _check_items(group)]
         _add(result, enqueue_items(connection, queue, function, items, batch=batch,
                                    dedup=dedup, options=options))
+        if on_ids:
+            on_ids([i[0] for i in items])
         if progress:
             progress(len(group))
     return result

@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from farmcore.ledger import ChunkSpec
+from farmcore.progress import RunProgress, read_progress
 from jobs.dispatch import dispatch, dispatch_lost
 from jobs.policy import ForbiddenJobError
 from jobs.runtime import Runtime
@@ -62,20 +63,42 @@ def summary(rt: Runtime, run_id: str) -> dict:
     run = rt.ledger.run(run_id)
     kinds = {k["kind"]: k for k in rt.ledger.progress(run_id)}
     names = run["params"].get("kinds") or list(kinds)
-    return {"run_id": run_id, "status": run["status"],
-            "loaded": {n: kinds[n]["rows_written"] if n in kinds else 0 for n in names},
-            "quarantined": {n: kinds[n]["rows_quarantined"] if n in kinds else 0 for n in names},
-            "failed_chunks": sum(k["failed"] for k in kinds.values())}
+    doc = {"run_id": run_id, "status": run["status"],
+           "loaded": {n: kinds[n]["rows_written"] if n in kinds else 0 for n in names},
+           "quarantined": {n: kinds[n]["rows_quarantined"] if n in kinds else 0 for n in names},
+           "failed_chunks": sum(k["failed"] for k in kinds.values())}
+    if run["kind"] == "export":
+        doc["skipped"] = _unchanged_parts(rt, run_id, names)
+    elif run["kind"] == "rebalance":
+        doc["boards"] = _boards_moved(rt, run_id)
+    return doc
 
 
-def wait(rt: Runtime, run_id: str, on_tick: Callable[[list[dict]], None] | None = None,
+def _unchanged_parts(rt: Runtime, run_id: str, tables: list[str]) -> dict[str, int]:
+    """Per table, the parts an export found intact and left as they were."""
+    out = dict.fromkeys(tables, 0)
+    for c in rt.ledger.chunk_counts(run_id):
+        if c.get("skipped") and c.get("table") in out:
+            out[c["table"]] += 1
+    return out
+
+
+def _boards_moved(rt: Runtime, run_id: str) -> list[dict]:
+    """Each board a rebalance took to ``cleaned``, with how many shards now hold it."""
+    return sorted(({"board": c["board"], "shards": len(c["shards"])}
+                   for c in rt.ledger.chunk_counts(run_id) if "board" in c),
+                  key=lambda b: b["board"])
+
+
+def wait(rt: Runtime, run_id: str, on_tick: Callable[[RunProgress], None] | None = None,
          interval: float = 0.5, timeout: float | None = None) -> str:
-    """Poll until the run is done or failed (or ``timeout``); returns the final status."""
+    """Poll until the run is done or failed (or ``timeout``), passing ``on_tick`` the run's
+    progress each time; returns the final status."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         status = rt.ledger.refresh_status(run_id)
         if on_tick:
-            on_tick(rt.ledger.progress(run_id))
+            on_tick(read_progress(rt.ledger, run_id))
         if status in ("done", "failed"):
             return status
         if deadline is not None and time.monotonic() > deadline:

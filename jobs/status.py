@@ -18,6 +18,7 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
 from farmcore import keys
+from farmcore.progress import read_progress
 from jobs.runtime import Runtime
 
 
@@ -56,7 +57,8 @@ def run_view(rt: Runtime, run_id: str) -> dict:
             "paused": run["paused"], "queue": run["queue"],
             "throttled": throttled.decode() if throttled else None,
             "created_at": run["created_at"].isoformat(timespec="seconds"),
-            "kinds": [kind_view(k) for k in rt.ledger.progress(run_id)]}
+            "kinds": [kind_view(k) for k in rt.ledger.progress(run_id)],
+            "progress": read_progress(rt.ledger, run_id).as_dict()}
 
 
 def workers_view(rt: Runtime) -> dict:

@@ -47,15 +47,19 @@ class FarmGroup(click.Group):
                                              "max_content_width": 120, "terminal_width": 120})
 @click.option("--log-level", default=None, metavar="LEVEL",
               help="Logging level (DEBUG, INFO, WARNING). [env: FARM_LOG_LEVEL]")
+@click.option("--log-format", default=None, metavar="text|json",
+              help="Log lines as text, or one JSON object per line (with run, chunk, shard, "
+                   "host, worker) for log shippers; workers started here log the same way. "
+                   "[env: FARM_LOG_FORMAT]")
 @click.version_option(package_name="shardfarm")
-def cli(log_level: str | None) -> None:
+def cli(log_level: str | None, log_format: str | None) -> None:
     """shardfarm: move data into, around and out of an ID-sharded MySQL fleet.
 
     Scripts enqueue chunks of work on Redis queues; workers on any number of
     machines run them against the shards; the control database keeps which
     chunks of which run are done.
     """
-    farm_log.setup(log_level)
+    farm_log.setup(log_level, log_format)
 
 
 def _register() -> None:

@@ -9,9 +9,13 @@ import click
 
 from demo import pipeline
 from demo.clean import clean_everything
+from demo.cleanplan import clean_plan, plan_lines
 from scripts.app import App
+from scripts.bars import ProgressBars
+from scripts.confirm import DRY_RUN, YES, go_ahead
 from scripts.options import emit, farm_options
-from scripts.render import RunProgress, database_bar, echo_lines, note
+from scripts.render import database_bar, echo_lines, note
+from shardfarm.errors import UsageError
 
 
 class TerminalObserver:
@@ -29,9 +33,9 @@ class TerminalObserver:
         """``    (text)``."""
         click.echo(f"    ({text})", err=True)
 
-    def run_progress(self, run_id: str) -> RunProgress:
-        """A bar of the run's chunks (only on a terminal)."""
-        return RunProgress(run_id)
+    def run_progress(self, run_id: str) -> ProgressBars:
+        """Bars of the run's rows and chunks (only on a terminal)."""
+        return ProgressBars(run_id)
 
     def db_progress(self, total: int) -> AbstractContextManager[Callable[[int], object]]:
         """A bar of databases created (only on a terminal)."""
@@ -49,8 +53,11 @@ class TerminalObserver:
 @click.option("--force", is_flag=True,
               help="Run even into shards or a legacy database holding data the demo did not "
                    "make (refused without it).")
+@DRY_RUN
+@YES
 @farm_options
-def demo(app: App, users: int, n_workers: int, clean: bool, force: bool) -> None:
+def demo(app: App, users: int, n_workers: int, clean: bool, force: bool, dry_run: bool,
+         yes: bool) -> None:
     """Run the whole story on the default setup (localhost MariaDB and Redis).
 
     Generates a legacy database, creates the shards, starts its own workers,
@@ -58,10 +65,17 @@ def demo(app: App, users: int, n_workers: int, clean: bool, force: bool) -> None
     rebalances hot boards, rebuilds home feeds, exports yesterday's partition
     to FARM_EXPORT_URL (./exports) and prints a report. Safe to run again on its
     own data; refuses data it did not make unless --force; exits 1 when any run
-    failed or verify found a mismatch. --clean removes what it made.
+    failed or verify found a mismatch. --clean removes what it made (--dry-run: says
+    exactly what, removes nothing; on a terminal it asks first unless --yes).
     """
+    if dry_run and not clean:
+        raise UsageError("--dry-run goes with --clean")
     if clean:
-        emit(clean_everything(app.runtime))
+        def describe() -> tuple[list[str], dict]:
+            plan = clean_plan(app.runtime)
+            return plan_lines(plan), plan
+        if go_ahead(describe, dry_run=dry_run, yes=yes):
+            emit(clean_everything(app.runtime))
         return
     outcome = pipeline.run(app.runtime, users, n_workers, force, TerminalObserver())
     echo_lines(outcome.report)

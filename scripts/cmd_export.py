@@ -10,7 +10,7 @@ import click
 from exporters import export as exporter
 from scripts.app import App
 from scripts.follow import finish
-from scripts.options import emit, farm_options
+from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import note
 from workers import cron as scheduler
 from workers import launch
@@ -39,9 +39,10 @@ _FORMAT = click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]
 @_FORMAT
 @click.option("--force", is_flag=True, help="Rewrite parts that are already there and intact.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
 def export(app: App, date: str, dest: str | None, tables: str | None, role: str, fmt: str,
-           force: bool, wait: bool) -> None:
+           force: bool, wait: bool, as_json: bool) -> None:
     """Export every shard of each table to {dest}/{table}/dt={date}/ for Spark.
 
     One chunk per (table, shard) streams one consistent snapshot into
@@ -51,7 +52,7 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
     """
     run_id = launch.export(app.runtime, date, dest, _tables(tables), fmt, role, force,
                            notice=note)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
 
 
 @click.command("cron")

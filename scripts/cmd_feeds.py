@@ -7,7 +7,7 @@ import click
 from loaders import feeds as feeder
 from scripts.app import App
 from scripts.follow import finish
-from scripts.options import farm_options
+from scripts.options import AS_JSON, farm_options
 from scripts.render import note
 from sharding import ids
 from workers import launch
@@ -34,15 +34,17 @@ def feeds() -> None:
 @click.option("--chunk-size", default=feeder.DEFAULT_CHUNK_USERS, show_default=True,
               type=click.IntRange(min=1), help="Users per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
-def rebuild(app: App, users: str | None, length: int, chunk_size: int, wait: bool) -> None:
+def rebuild(app: App, users: str | None, length: int, chunk_size: int, wait: bool,
+            as_json: bool) -> None:
     """Rebuild home feeds from user_follows_boards and board_has_pins.
 
     Each feed is swapped in atomically. Prints {"run_id", "status", "loaded":
     {"feeds": users with a feed}, ...} as the last line (at once without --wait).
     """
     run_id = launch.feeds(app.runtime, parse_users(users), chunk_size, length, notice=note)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
 
 
 def register(cli: click.Group) -> None:

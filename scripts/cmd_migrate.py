@@ -9,8 +9,9 @@ import click
 from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.follow import finish, wait_with_progress
-from scripts.options import emit, farm_options
+from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import echo_lines, mismatch_lines, note
+from scripts.summaries import for_people, verify_line
 from workers import launch
 
 
@@ -18,23 +19,25 @@ from workers import launch
 @click.option("--chunk-size", default=migration.DEFAULT_CHUNK_ROWS, show_default=True,
               type=click.IntRange(min=1), help="Legacy rows per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
-def migrate(app: App, chunk_size: int, wait: bool) -> None:
+def migrate(app: App, chunk_size: int, wait: bool, as_json: bool) -> None:
     """Load the whole legacy database into the shards as one resumable run.
 
     Prints {"run_id", "status", "loaded", "quarantined", "failed_chunks"} as the
     last line (at once without --wait). Workers ('farm workers') do the loading.
     """
     run_id = launch.migrate(app.runtime, chunk_size, notice=note)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
 
 
 @click.command("verify")
 @click.option("--run", "run_id", default=None, help="The migrate run to check (default: latest).")
 @click.option("--show", default=50, show_default=True, type=click.IntRange(min=0),
               help="Mismatches printed (all of them: 'farm mismatches').")
+@AS_JSON
 @farm_options
-def verify(app: App, run_id: str | None, show: int) -> None:
+def verify(app: App, run_id: str | None, show: int, as_json: bool) -> None:
     """Compare the target with the legacy source, chunk by chunk; exit 0 only on a full match.
 
     Runs as a resumable run on the workers, prints each mismatch with its legacy
@@ -48,7 +51,10 @@ def verify(app: App, run_id: str | None, show: int) -> None:
     if more > 0:
         click.echo(f"… and {more:,} more mismatch(es): 'farm mismatches --run {vid}' lists "
                    "them all")
-    emit(outcome.summary)
+    if for_people(as_json):
+        click.echo(verify_line(outcome.summary))
+    else:
+        emit(outcome.summary)
     if not outcome.ok:
         sys.exit(1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from typing import IO
 
@@ -11,11 +12,14 @@ import orjson
 from tqdm import tqdm
 
 from jobs import enqueue_many
+from jobs.itemwait import ItemsProgress, ItemWatch
 from jobs.policy import JobPolicy
 from jobs.queue import JOB_RETRIES, JOB_TIMEOUT, check_function
 from scripts.app import App
-from scripts.options import ALLOW_MODULE, emit, farm_options
-from shardfarm.errors import FatalError
+from scripts.bars import LiveLines, bar
+from scripts.options import ALLOW_MODULE, AS_JSON, emit, farm_options
+from scripts.summaries import for_people
+from shardfarm.errors import FatalError, UsageError
 
 
 def _lines(stream: IO[bytes], name: str) -> Iterator[dict]:
@@ -47,28 +51,73 @@ def _lines(stream: IO[bytes], name: str) -> Iterator[dict]:
               type=click.IntRange(0, JOB_RETRIES),
               help="Times a batch is tried again after a crash or timeout (after 5, 30, 120 s);"
                    " then its unfinished items go to 'farm failed'.")
+@click.option("--wait", is_flag=True,
+              help="Wait until every item finished (workers ran it or it failed); exit 1 if "
+                   "any failed ('farm failed' lists them).")
 @ALLOW_MODULE
+@AS_JSON
 @farm_options
 def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
-            id_key: str | None, job_timeout: int, retries: int,
-            allow_modules: tuple[str, ...]) -> None:
+            id_key: str | None, job_timeout: int, retries: int, wait: bool,
+            allow_modules: tuple[str, ...], as_json: bool) -> None:
     """Enqueue FUNCTION(**kwargs) on QUEUE for every line of --file.
 
     FUNCTION must be in a module allowed by FARM_JOB_MODULES (or --allow-module),
     as it must be for the workers. Streams the file (it is never read whole),
-    writes in pipelined batches, and prints {"enqueued": n, "duplicates": m};
-    an item already queued or running on QUEUE is a duplicate.
+    writes in pipelined batches, and prints {"enqueued": n, "duplicates": m}
+    (a line for a person on a terminal); an item already queued or running on
+    QUEUE is a duplicate. With --wait it then shows the items finishing and adds
+    "done" and "failed".
     """
+    if wait and not dedup:
+        raise UsageError("--wait follows items by their dedup entries: drop --no-dedup")
     policy = JobPolicy.from_env(flags=allow_modules)
     check_function(function, policy)
     conn = app.settings.redis()
+    watch = ItemWatch(conn, queue)
     name = getattr(file_, "name", "input")
-    with tqdm(unit=" jobs", desc=f"enqueue {queue}", disable=not sys.stderr.isatty(),
-              mininterval=0.5) as bar:
+    with tqdm(unit=" items", desc=f"enqueue {queue}", disable=not sys.stderr.isatty(),
+              mininterval=0.5) as progress:
         res = enqueue_many(queue, function, _lines(file_, name), connection=conn, batch=batch,
-                           dedup=dedup, id_key=id_key, progress=bar.update, policy=policy,
-                           job_timeout=job_timeout, retries=retries)
-    emit(res.as_dict())
+                           dedup=dedup, id_key=id_key, progress=progress.update, policy=policy,
+                           job_timeout=job_timeout, retries=retries,
+                           on_ids=watch.add if wait else None)
+    doc = res.as_dict()
+    if wait:
+        done = _wait_items(watch, queue)
+        doc.update(done=done.done, failed=done.failed)
+    _report(doc, queue, as_json)
+    if doc.get("failed"):
+        click.echo(f"farm: error: {doc['failed']:,} item(s) failed: 'farm failed' lists them "
+                   "with their arguments and reasons", err=True)
+        sys.exit(1)
+
+
+def _wait_items(watch: ItemWatch, queue: str, every: float = 0.5) -> ItemsProgress:
+    """Poll the items until all finished, drawing a line of them on a terminal."""
+    live, t0 = LiveLines(), time.monotonic()
+    while True:
+        p = watch.poll()
+        finished = p.done + p.failed
+        rate = finished / max(time.monotonic() - t0, 1e-3)
+        live.draw([f"{queue}: {bar(finished / p.total if p.total else 1.0)} {finished:,}/"
+                   f"{p.total:,} items finished" + (f" · {p.failed:,} failed" if p.failed
+                                                    else "") + f" · {rate:,.0f} items/s"])
+        if p.finished:
+            live.close()
+            return p
+        time.sleep(every)
+
+
+def _report(doc: dict, queue: str, as_json: bool) -> None:
+    """The JSON line, or a line for a person at a terminal."""
+    if not for_people(as_json):
+        emit(doc)
+        return
+    line = f"enqueued {doc['enqueued']:,} item(s) on {queue} ({doc['duplicates']:,} duplicate(s))"
+    if "done" in doc:
+        line += f"; {doc['done']:,} done, {doc['failed']:,} failed"
+    click.echo(line)
 
 
 def register(cli: click.Group) -> None:

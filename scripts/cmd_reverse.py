@@ -7,7 +7,7 @@ import click
 from loaders.mappings import reverse as reverser
 from scripts.app import App
 from scripts.follow import finish
-from scripts.options import emit, farm_options
+from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import note
 from sharding import hotspot, ids
 from workers import launch
@@ -18,8 +18,9 @@ from workers import launch
 @click.option("--chunk-size", default=reverser.DEFAULT_CHUNK_ROWS, show_default=True,
               type=click.IntRange(min=1), help="Forward rows per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
-def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool) -> None:
+def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool, as_json: bool) -> None:
     """Rebuild reverse mapping tables (default: all of them) from their forward tables.
 
     pin_owned_by_board <- board_has_pins, board_followedby_users <-
@@ -27,7 +28,7 @@ def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool) -> N
     followers go where the hotspot directory says.
     """
     run_id = launch.reverse(app.runtime, list(tables), chunk_size, notice=note)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
 
 
 @click.command("rebalance")
@@ -37,15 +38,16 @@ def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool) -> N
 @click.option("--spread", default=4, show_default=True, type=click.IntRange(min=2),
               help="Shards to spread each hot board over (spread across servers).")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
-def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool) -> None:
+def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool, as_json: bool) -> None:
     """Spread hot mappings over several shards through the hotspot directory, online.
 
     Each hot board goes planned -> copying -> active -> cleaned; a run that dies
     at any step is completed by running the command again.
     """
     run_id = launch.rebalance(app.runtime, table, threshold, spread, notice=note)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
 
 
 @click.command("followers")

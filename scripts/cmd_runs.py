@@ -10,8 +10,8 @@ import click
 
 from jobs import recovery, runs, status
 from scripts.app import App
-from scripts.follow import finish
-from scripts.options import emit, farm_options
+from scripts.follow import finish, show_summary
+from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import compact, echo_lines, runs_lines, status_lines
 
 
@@ -56,12 +56,23 @@ def runs_cmd(app: App, kind: str | None, limit: int, as_json: bool) -> None:
 @click.command("resume")
 @click.argument("run_id")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@AS_JSON
 @farm_options
-def resume(app: App, run_id: str, wait: bool) -> None:
+def resume(app: App, run_id: str, wait: bool, as_json: bool) -> None:
     """Re-enqueue every chunk of RUN_ID that is not done (e.g. after Redis restarted empty)."""
     n = runs.resume(app.runtime, run_id)
     click.echo(f"re-enqueued {n} unfinished chunk(s) of {run_id}", err=True)
-    finish(app, run_id, wait)
+    finish(app, run_id, wait, as_json)
+
+
+@click.command("summary")
+@click.argument("run_id")
+@AS_JSON
+@farm_options
+def summary(app: App, run_id: str, as_json: bool) -> None:
+    """A run's summary: a few lines on a terminal, else (or with --json) its JSON line, with
+    every board a rebalance moved and every part an export left unchanged."""
+    show_summary(app.runtime, run_id, as_json)
 
 
 @click.command("pause")
@@ -126,5 +137,5 @@ def retry_failed(app: App, run_id: str | None) -> None:
 
 def register(cli: click.Group) -> None:
     """Attach this module's commands."""
-    for cmd in (status_cmd, runs_cmd, resume, pause, unpause, failed, retry_failed):
+    for cmd in (status_cmd, runs_cmd, summary, resume, pause, unpause, failed, retry_failed):
         cli.add_command(cmd)

@@ -1,34 +1,49 @@
-"""Following a run from the terminal: a progress bar until it ends, then its JSON summary."""
+"""Following a run from the terminal: progress bars until it ends, then its summary (a few
+lines for a person at a terminal, the JSON line for scripts)."""
 
 from __future__ import annotations
 
 import sys
 
+from farmcore.progress import read_progress
 from jobs import runs
 from jobs.runtime import Runtime
 from scripts.app import App
+from scripts.bars import ProgressBars
 from scripts.options import emit
-from scripts.render import RunProgress
+from scripts.render import echo_lines
+from scripts.summaries import for_people, summary_lines
 
 
 def wait_with_progress(rt: Runtime, run_id: str) -> str:
     """Show the run's progress until it ends; returns its final status."""
-    bar = RunProgress(run_id)
+    bars = ProgressBars(run_id)
     try:
-        return runs.wait(rt, run_id, on_tick=bar)
+        return runs.wait(rt, run_id, on_tick=bars)
     finally:
-        bar.close()
+        bars.close()
 
 
-def finish(app: App, run_id: str, wait: bool) -> None:
-    """Print the run's JSON summary (after showing progress until it ends, with ``wait``).
+def show_summary(rt: Runtime, run_id: str, as_json: bool) -> dict:
+    """Print the run's summary: lines for a person on a terminal, else (or with ``as_json``)
+    the JSON line; returns the JSON document."""
+    doc = runs.summary(rt, run_id)
+    if for_people(as_json):
+        kind = rt.ledger.run(run_id)["kind"]
+        echo_lines(summary_lines(doc, kind, read_progress(rt.ledger, run_id)))
+    else:
+        emit(doc)
+    return doc
+
+
+def finish(app: App, run_id: str, wait: bool, as_json: bool = False) -> None:
+    """Print the run's summary (after showing progress until it ends, with ``wait``).
 
     With ``wait`` the exit code is 0 only if every chunk finished.
     """
     rt = app.runtime
     if wait:
         wait_with_progress(rt, run_id)
-    doc = runs.summary(rt, run_id)
-    emit(doc)
+    doc = show_summary(rt, run_id, as_json)
     if wait and doc["status"] != "done":
         sys.exit(1)

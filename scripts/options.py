@@ -28,6 +28,11 @@ ALLOW_MODULE = click.option(
          "replaces FARM_JOB_MODULES when given. [env: FARM_JOB_MODULES]")
 
 
+AS_JSON = click.option(
+    "--json", "as_json", is_flag=True,
+    help="Print the JSON summary line even on a terminal (off a terminal it always is).")
+
+
 def farm_options(fn: Callable) -> Callable:
     """Add the shared connection options and pass a ready ``App`` as the first argument."""
     @functools.wraps(fn)

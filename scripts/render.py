@@ -27,7 +27,7 @@ def status_lines(view: dict) -> list[str]:
                                               if run["throttled"] else "")
         lines.append(f"run {run['run_id']}  {run['kind']}  {run['status']}{flags}  "
                      f"queue {run['queue']}  since {run['created_at']}")
-        lines += _kind_lines(run["kinds"])
+        lines += _kind_lines(run["progress"])
     if not view["runs"]:
         lines.append("no runs yet")
     workers = ", ".join(f"{h}: {w['workers']} alive, {w['busy']} busy"
@@ -41,37 +41,28 @@ def status_lines(view: dict) -> list[str]:
     return lines
 
 
-def _kind_lines(kinds: list[dict]) -> list[str]:
-    """The per-kind table of one run, its first column as wide as the longest kind."""
-    w = max([12, *(len(k["kind"]) + 2 for k in kinds)])
-    out = [f"  {'kind':<{w}}{'chunks':>13}{'running':>9}{'failed':>8}"
-           f"{'rows':>13}{'rows/s':>10}{'quarant.':>10}{'ETA':>10}"]
-    for k in kinds:
-        out.append(f"  {k['kind']:<{w}}{k['done']:>7}/{k['total']:<5}{k['running']:>9}"
-                   f"{k['failed']:>8}{k['rows_written']:>13,}{k['rows_per_s']:>10,.0f}"
-                   f"{k['quarantined']:>10,}{duration(k['eta_s']):>10}")
+def _rows(done: int, expected: int | None) -> str:
+    """``12,345/50,000`` (``12,345/?`` while the total is unknown)."""
+    return f"{done:,}/{'?' if expected is None else f'{expected:,}'}"
+
+
+def _kind_lines(p: dict) -> list[str]:
+    """The per-kind table of one run (its first column as wide as the longest kind), then
+    the whole run's rates (paused time left out) and its ETA."""
+    w = max([12, *(len(k["kind"]) + 2 for k in p["kinds"])])
+    out = [f"  {'kind':<{w}}{'chunks':>15}{'running':>9}{'failed':>8}"
+           f"{'rows read':>25}{'written':>13}{'quarant.':>10}"]
+    for k in p["kinds"]:
+        chunks = f"{k['chunks_done']:,}/{k['chunks_total']:,}"
+        out.append(f"  {k['kind']:<{w}}{chunks:>15}{k['chunks_running']:>9}"
+                   f"{k['chunks_failed']:>8}{_rows(k['rows_done'], k['rows_expected']):>25}"
+                   f"{k['rows_written']:>13,}{k['rows_quarantined']:>10,}")
+    eta = "done" if p["finished"] else f"ETA {duration(p['eta_s'])}"
+    out.append(f"  run: {_rows(p['rows_done'], p['rows_expected'])} rows, "
+               f"{p['chunks_done']:,}/{p['chunks_total']:,} chunks, "
+               f"{p['rate_last_minute']:,.0f} rows/s over the last minute, "
+               f"{p['rate_since_start']:,.0f} since start (paused time left out), {eta}")
     return out
-
-
-class RunProgress:
-    """A tqdm bar of chunks done for ``--wait`` (only on a terminal)."""
-
-    def __init__(self, label: str) -> None:
-        self.bar = tqdm(desc=label, unit=" chunks", disable=not sys.stderr.isatty(),
-                        dynamic_ncols=True)
-
-    def __call__(self, kinds: list[dict]) -> None:
-        total = sum(k["total"] for k in kinds)
-        done = sum(k["done"] + k["failed"] for k in kinds)
-        rows = sum(k["rows_written"] for k in kinds)
-        self.bar.total = total
-        self.bar.n = done
-        self.bar.set_postfix(rows=rows, refresh=False)
-        self.bar.refresh()
-
-    def close(self) -> None:
-        """Finish the bar."""
-        self.bar.close()
 
 
 def runs_lines(runs: list[dict]) -> list[str]:

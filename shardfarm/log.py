@@ -1,15 +1,102 @@
-"""Logging setup shared by the CLI and the workers."""
+"""Logging setup shared by the CLI and the workers: text for people, or one JSON object per
+line for log shippers (``--log-format json`` / ``FARM_LOG_FORMAT``), with the run, chunk,
+shard, host and worker a line is about when they are known.
+
+Those fields come from ``context`` (a ``contextvars`` scope a chunk's work runs in) and
+``set_process`` (the worker's name, once per process); ``setup`` puts the level and format
+in the environment, so every process this one starts logs the same way. Every line's
+message and traceback pass through the DSN redaction: a URL's password is never written.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from shardfarm.errors import ConfigError, UsageError
+from shardfarm.mysql.dsn import _redact as redact
 
 FORMAT = "%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s"
+FORMATS = ("text", "json")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+HOST = socket.gethostname()
+
+_fields: ContextVar[dict | None] = ContextVar("farm_log_fields", default=None)
+_process: dict[str, object] = {}
 
 
-def setup(level: str | None = None) -> None:
-    """Configure the root logger once; ``FARM_LOG_LEVEL`` sets the default level."""
-    level = (level or os.environ.get("FARM_LOG_LEVEL") or "WARNING").upper()
-    logging.basicConfig(level=level, format=FORMAT)
-    logging.getLogger().setLevel(level)
+@contextmanager
+def context(**fields: object) -> Iterator[None]:
+    """Lines logged inside the ``with`` block carry ``fields`` (None values are left out)."""
+    token = _fields.set({**(_fields.get() or {}),
+                         **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _fields.reset(token)
+
+
+def set_process(**fields: object) -> None:
+    """Fields every later line of this process carries (e.g. ``worker``)."""
+    _process.update({k: v for k, v in fields.items() if v is not None})
+
+
+def current_fields() -> dict[str, object]:
+    """``host``, the process's fields and the current context's, in that order."""
+    return {"host": HOST, **_process, **(_fields.get() or {})}
+
+
+class RedactingFormatter(logging.Formatter):
+    """The text format, with any URL's password replaced by ``***``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, process, the
+    known context fields and, for an exception, its traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+               + f".{int(record.msecs):03d}Z",
+               "level": record.levelname, "logger": record.name,
+               "message": redact(record.getMessage()), "process": record.process,
+               **current_fields()}
+        if record.exc_info:
+            doc["exception"] = redact(self.formatException(record.exc_info))
+        return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+def _choice(value: str | None, env: str, default: str, allowed: tuple[str, ...],
+            flag: str) -> str:
+    """``value`` (a flag) or the environment variable, checked against ``allowed``."""
+    given = value or os.environ.get(env) or default
+    if given.upper() not in [a.upper() for a in allowed]:
+        error = UsageError if value else ConfigError  # a flag: exit 2; the environment: 1
+        raise error(f"bad {flag if value else env} {given[:40]!r} "
+                    f"(expected one of {', '.join(allowed)})")
+    return given.upper() if allowed is LEVELS else given.lower()
+
+
+def setup(level: str | None = None, fmt: str | None = None) -> None:
+    """Configure the root logger: ``level`` and ``fmt`` (``text`` or ``json``) else
+    ``FARM_LOG_LEVEL`` (default WARNING) and ``FARM_LOG_FORMAT`` (default text). Both are
+    then set in the environment, for the processes this one starts."""
+    level = _choice(level, "FARM_LOG_LEVEL", "WARNING", LEVELS, "--log-level")
+    fmt = _choice(fmt, "FARM_LOG_FORMAT", "text", FORMATS, "--log-format")
+    os.environ["FARM_LOG_LEVEL"], os.environ["FARM_LOG_FORMAT"] = level, fmt
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else RedactingFormatter(FORMAT))
+    handler.farm = True  # type: ignore[attr-defined]
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "farm", False)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)

@@ -12,6 +12,7 @@ from rq.serializers import JSONSerializer
 
 from tests.conftest import DEMO_REDIS_DB, run_farm
 from tests.servers import PrivateMariaDB
+from tests.ttykit import in_tty
 
 REDIS_URL = f"redis://127.0.0.1:6379/{DEMO_REDIS_DB}"
 SYSTEM = {"mysql", "information_schema", "performance_schema", "sys"}
@@ -209,6 +210,34 @@ def _other_application(r: redis.Redis) -> tuple[set[bytes], list[str]]:
     return set(r.scan_iter()) - before, [j.id for j in jobs]
 
 
+def _lasting(r: redis.Redis) -> set[bytes]:
+    """Keys without a time to live (leases come and go by themselves)."""
+    return {k for k in r.scan_iter() if r.ttl(k) == -1}
+
+
+def _nothing_removed_unless_confirmed(env: dict, port: int, r: redis.Redis) -> None:
+    """--dry-run names what --clean removes and removes nothing; on a terminal, 'n' neither
+    (databases and keys counted independently, by SQL and SCAN)."""
+    dbs, keys = _databases(port), _lasting(r)
+    rows = _sql(port, "SELECT COUNT(*) FROM legacy.users")
+    out = run_farm(env, "demo", "--clean", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout.strip().splitlines()[-1])["would_remove"]
+    assert plan["export_files"] == 13 * (4 + 2)
+    shards = plan["databases"]["shard"][f"127.0.0.1:{port}"]
+    assert (shards["databases"], shards["first"], shards["last"]) == (4, "db00000", "db00003")
+    assert plan["databases"]["mod-bucket"][f"127.0.0.1:{port}"]["databases"] == 64
+    assert plan["databases"]["legacy"][f"127.0.0.1:{port}"]["tables"]["users"] == rows[0][0]
+    farm = [k for k in keys if k.startswith(b"farm:")]
+    assert len(farm) <= plan["redis"]["keys"]["farm:*"] <= len(farm) + 3  # + leader leases
+    assert "drop 4 shard database(s) db00000 … db00003 on 127.0.0.1:" in out.stdout
+    code, shown = in_tty(env, "demo", "--clean", answer="n\n")
+    assert code == 1 and "not confirmed: nothing was removed" in shown
+    assert "drop 64 mod-bucket database(s) mod00000 … mod00063" in shown
+    assert _databases(port) == dbs and _lasting(r) == keys
+    assert _sql(port, "SELECT COUNT(*) FROM legacy.users") == rows
+
+
 @pytest.mark.slow
 def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
     _, server, root = demo_env
@@ -221,6 +250,7 @@ def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
     other, jobs = _other_application(r)
     assert {b"app:settings", OTHER_HOME, b"rq:queue:emails"} <= other
 
+    _nothing_removed_unless_confirmed(env, server.port, r)
     out = run_farm(env, "demo", "--clean")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["export_files_deleted"] == 13 * (4 + 2)

@@ -208,6 +208,8 @@ def test_reexport_uploads_nothing_and_force_rewrites(env, workers, router, s3):
     doc = summary(run_farm(env, "export", "--date", DATE, "--tables", ",".join(TABLES),
                            "--wait", timeout=120))
     assert doc["status"] == "done" and set(doc["loaded"].values()) == {0}
+    shards = len(list(router.shardmap.shards()))
+    assert doc["skipped"] == dict.fromkeys(TABLES, shards)  # every part unchanged, skipped
     assert versions(client, "nightly/") == before  # not one PUT, delete or upload
     doc = summary(run_farm(env, "export", "--date", DATE, "--tables", "users", "--force",
                            "--wait", timeout=120))

@@ -233,5 +233,9 @@ def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env)
     import json
     doc = json.loads(out.stdout)
     assert doc["directory"]["state"] == "cleaned" and len(doc["followers"]) == 5
-    assert runs.summary(rt, rt.ledger.latest_run("rebalance"))["loaded"] == {
-        "board_followedby_users": N_FOLLOWERS}
+    doc = runs.summary(rt, rt.ledger.latest_run("rebalance"))
+    assert doc["loaded"] == {"board_followedby_users": N_FOLLOWERS}
+    assert doc["boards"] == [{"board": board, "shards": 3}]  # which boards it moved
+    from tests.ttykit import in_tty
+    code, shown = in_tty(farm_env, "summary", doc["run_id"])  # what a person reads
+    assert code == 0 and f"board {board} now on 3 shards" in shown

@@ -147,8 +147,8 @@ class Scheduler:
             # been queued. (A rival that fired it records the slot right after queueing.)
             resume(self.rt, run_id)
         self.state.advance(self.name, slot, run_id)
-        log.warning("cron %s: slot %s -> export of %s (%s, run %s)", self.name, slot, date,
-                    "started" if created else "already started", run_id)
+        log.info("cron %s: slot %s -> export of %s (%s, run %s)", self.name, slot, date,
+                 "started" if created else "already started", run_id)
         return {"cron": self.name, "slot": slot.isoformat() + "Z", "date": date,
                 "run_id": run_id, "created": created}
 

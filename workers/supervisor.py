@@ -176,7 +176,7 @@ class Supervisor:
         if self.metrics:
             self.metrics.serve(self.metrics_port, self.metrics_addr)
         if swept := sweep_temp():
-            log.warning("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
+            log.info("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
         if self.burst:
             for _ in range(self.desired):

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     farm_log.setup()
     worker = build(Settings.from_env(), args.queues.split(","), args.name)
+    farm_log.set_process(worker=worker.name)
     try:
         worker.work(burst=args.burst, logging_level=logging.getLevelName(
             logging.getLogger().level), with_scheduler=False)

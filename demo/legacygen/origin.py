@@ -47,16 +47,22 @@ def legacy_rows(dsn: DSN) -> dict[str, int]:
 
     Each count stops at ``COUNT_CAP``, so a huge real table costs a bounded read.
     """
+    return database_rows(dsn, LEGACY_TABLES)
+
+
+def database_rows(dsn: DSN, only: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Rows in each table of the DSN's database (of ``only``, in that order, if given), each
+    counted up to ``COUNT_CAP``; empty when the database does not exist."""
     present = [t for (t,) in _query(
-        dsn, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-        (dsn.database,)) if t in LEGACY_TABLES]
+        dsn, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+             "ORDER BY table_name", (dsn.database,)) if only is None or t in only]
     if not present:
         return {}
     db = dsn.database.replace("`", "``")
     sql = " UNION ALL ".join(f"SELECT '{t}', COUNT(*) FROM (SELECT 1 FROM `{db}`.`{t}` "
                              f"LIMIT {COUNT_CAP}) x" for t in present)
     counts = {t: int(n) for t, n in _query(dsn, sql)}
-    return {t: counts[t] for t in LEGACY_TABLES if t in counts}
+    return {t: counts[t] for t in (only or present) if t in counts}
 
 
 def describe_rows(counts: dict[str, int]) -> str:

@@ -94,7 +94,8 @@ def rebalance_board(ctx: ChunkContext, board: int, spread: int) -> Outcome:
         _clean(ctx, board)
         directory.transition(board, "active", "cleaned", ctx.token)
         after_state(board, "cleaned")
-    return Outcome(rows_read=moved, rows_written=moved)
+    return Outcome(rows_read=moved, rows_written=moved,
+                   counts={"board": board, "shards": sorted(entry.shards)})
 
 
 def _copy(ctx: ChunkContext, entry: Entry) -> dict[int, int]:

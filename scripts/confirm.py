@@ -1,0 +1,61 @@
+"""Destructive commands in one place: ``--dry-run`` says exactly what would be removed and
+removes nothing; on a terminal the command asks first unless ``--yes``.
+
+Off a terminal (scripts, CI, cron) nothing is asked: the flag that names the removal
+(``--clean``, ``--replace``, ``--drop-source``) is the consent, as with ``dropdb`` or
+``rm -r``; ``--dry-run`` shows beforehand what it would do. Commands use ``DRY_RUN`` and
+``YES`` as options and ``go_ahead`` before removing anything.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import click
+
+from scripts.options import emit
+from scripts.render import echo_lines
+from shardfarm.errors import FatalError
+
+DRY_RUN = click.option("--dry-run", is_flag=True,
+                       help="Say exactly what would be removed, remove nothing, exit 0.")
+YES = click.option("--yes", "-y", is_flag=True,
+                   help="Do not ask before removing (only a terminal is asked).")
+
+
+class NotConfirmedError(FatalError):
+    """The person at the terminal said no: nothing was removed (not retried)."""
+
+
+def asks() -> bool:
+    """Whether a person can answer: stdin and stderr are a terminal."""
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def go_ahead(describe: Callable[[], tuple[list[str], dict]], *, dry_run: bool, yes: bool,
+             question: str = "Remove all of this?") -> bool:
+    """Before a removal. ``describe()`` gives what would go, as lines and as JSON; it is only
+    called when needed (it may count rows).
+
+    With ``dry_run``: print the lines (off a terminal, the JSON as a last line too) and
+    return False. On a terminal without ``yes``: show them and ask; ``NotConfirmedError``
+    unless the answer is yes. Otherwise (or when nothing would go) return True at once.
+    """
+    if not dry_run and (yes or not asks()):
+        return True
+    lines, plan = describe()
+    if dry_run:
+        echo_lines(["dry run: nothing removed; without --dry-run this would:",
+                    *(f"  {line}" for line in lines or ["remove nothing"])])
+        if not sys.stdout.isatty():
+            emit({"dry_run": True, "would_remove": plan})
+        return False
+    if not lines:
+        return True
+    click.echo("This will:", err=True)
+    for line in lines:
+        click.echo(f"  {line}", err=True)
+    if not click.confirm(question, default=False, err=True):
+        raise NotConfirmedError("not confirmed: nothing was removed")
+    return True

@@ -1,0 +1,57 @@
+"""Following a run on a terminal (a real pty, the real ``farm`` command): bars by rows from
+the first moment, one whole-run ETA, then a few lines for a person, or the JSON line with
+--json; off a terminal the JSON line is last, as scripts expect."""
+
+import json
+
+import pytest
+
+from farmcore.ledger import ChunkSpec
+from jobs import runs
+from tests.conftest import SHARDS_A, run_farm
+from tests.farmkit import start_workers, stop
+from tests.ttykit import Tty
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("park_leftover_runs")]
+
+
+def _start(rt, base: int, n: int = 4, rows: int = 100, pause: float = 0.0) -> str:
+    chunks = [ChunkSpec("edges", {"shard": SHARDS_A[0] + 5, "start": base + i * rows,
+                                  "count": rows, "pause": pause}, rows=rows) for i in range(n)]
+    return runs.start(rt, "test", "tests.kinds.write_edges", chunks)
+
+
+def test_wait_on_a_terminal_counts_rows_then_prints_a_summary(rt, env):
+    run_id = _start(rt, 7_000_000, pause=0.1)
+    tty = Tty(env, "resume", run_id, "--wait")
+    # before any worker runs: rows are known, so the bar counts them from the start
+    tty.expect("0/400 rows · 0/4 chunks")
+    workers = start_workers(env, 1)
+    try:
+        assert tty.wait() == 0
+    finally:
+        stop(workers)
+    out = tty.plain
+    assert "edges [####################] 400/400 rows · 4/4 chunks" in out
+    assert "400/400 rows · 4/4 chunks ·" in out and "ETA" in out
+    assert "rows=" not in out and "s/chunks" not in out
+    last = out.strip().splitlines()[-2:]
+    assert last[0].startswith(f"test run {run_id} done in ") and "400 rows at" in last[0]
+    assert last[1].strip() == "loaded       edges 400"
+    assert not out.strip().endswith("}")
+
+
+def test_json_on_a_terminal_and_off_one(rt, env):
+    run_id = _start(rt, 7_100_000, n=2)
+    workers = start_workers(env, 1)
+    try:
+        tty = Tty(env, "resume", run_id, "--wait", "--json")
+        assert tty.wait() == 0
+        doc = json.loads(tty.plain.strip().splitlines()[-1])
+        assert doc["run_id"] == run_id and doc["loaded"] == {"edges": 200}
+        out = run_farm(env, "resume", run_id, "--wait")
+    finally:
+        stop(workers)
+    assert out.returncode == 0 and json.loads(out.stdout.strip().splitlines()[-1])["status"] == \
+        "done"
+    assert "\x1b[" not in out.stderr  # no bars drawn off a terminal

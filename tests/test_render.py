@@ -1,0 +1,25 @@
+"""``farm status`` lines (scripts.render): rows of those expected per kind, and the whole
+run's rates and ETA."""
+
+from farmcore.progress import KindProgress, RunProgress
+from scripts.render import status_lines
+
+
+def _view(paused: bool) -> dict:
+    kinds = [KindProgress("users", 3000, 3000, 0, 2990, 10, 1, 0, 0, 1),
+             KindProgress("pins", 12345, None, None, 12000, 345, 3, 1, 2, 7)]
+    p = RunProgress(15345, None, 4, 1, 2, 8, 10.0, 1534.5, 2300.0, 21.0, paused, False, kinds)
+    run = {"run_id": "migrate-x", "kind": "migrate", "status": "running", "paused": paused,
+           "queue": "farm", "throttled": None, "created_at": "2026-11-24T17:00:00",
+           "progress": p.as_dict()}
+    return {"runs": [run], "workers": {}, "queues": {}}
+
+
+def test_status_shows_rows_per_kind_and_one_run_line():
+    lines = status_lines(_view(paused=True))
+    assert lines[0].startswith("run migrate-x  migrate  running PAUSED")
+    assert lines[2].split() == ["users", "1/1", "0", "0", "3,000/3,000", "2,990", "10"]
+    assert lines[3].split() == ["pins", "3/7", "2", "1", "12,345/?", "12,000", "345"]
+    assert lines[4] == ("  run: 15,345/? rows, 4/8 chunks, 2,300 rows/s over the last minute, "
+                        "1,534 since start (paused time left out), ETA 0:00:21")
+    assert lines[-2:] == ["workers: none", "queues: none"]
