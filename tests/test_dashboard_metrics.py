@@ -5,6 +5,8 @@ collectors' code)."""
 
 from __future__ import annotations
 
+import socket
+
 import pymysql
 import pytest
 import redis
@@ -12,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from farmcore.ledger import ChunkSpec
 from jobs import runs
-from tests.conftest import SHARDS_A, ns_db
+from tests.conftest import SHARDS_A, ns_db, run_farm
 from tests.dashkit import dashboard, get, make_run
 from tests.farmkit import children, start_workers, stop, until
 from tests.servers import free_port
@@ -118,3 +120,14 @@ def _host(metrics: dict) -> str | None:
     """The host label the supervisor's series carry."""
     return next((dict(k[1])["host"] for k in metrics
                  if k[0] == "shardfarm_supervisor_workers"), None)
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_1(env):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        out = run_farm(env, "workers", "--count", "1", "--metrics-port",
+                       str(busy.getsockname()[1]), timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "port is in use" in out.stderr and "--metrics-port" in out.stderr
+    assert "Traceback" not in out.stderr
