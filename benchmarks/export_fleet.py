@@ -9,9 +9,9 @@ command to the end of the run (worker start-up is not the export's cost):
 
 - ``farm export --date D --wait`` of all 13 tables (53,248 parts) to ``file://`` and then
   to an S3 API server (moto in server mode, started here on a private port);
-- from each run's chunk rows in the control database: worker seconds per part, and a
-  least-squares fit ``chunk seconds = fixed × parts + per_row × rows`` that splits the
-  fixed cost of a part (an empty shard's part costs exactly that) from the cost per row;
+- from each run's chunk rows in the control database: worker seconds per part, the fixed
+  cost of a part (worker seconds per part of the chunks whose shards were all empty) and
+  the cost per row (the other chunks' seconds beyond that fixed cost, per row);
 - the per-row rate on one large shard (``--rows`` pins and as many ``board_has_pins``
   rows, loaded afterwards into one shard): ``dump_part`` vs ``SELECT … INTO OUTFILE`` +
   ``gzip -6`` of the same table on the same server (``benchmarks.export_bench.measure``).
@@ -86,17 +86,18 @@ def chunk_rows(f: Fleet, run_id: str) -> list[tuple[float, int, int]]:
         conn.close()
 
 
-def fit(chunks: list[tuple[float, int, int]]) -> tuple[float, float]:
-    """Least squares without intercept: ``seconds = fixed * parts + per_row * rows``."""
-    spp = sum(p * p for _, p, _ in chunks)
-    spr = sum(p * r for _, p, r in chunks)
-    srr = sum(r * r for _, _, r in chunks)
-    sps = sum(p * s for s, p, _ in chunks)
-    srs = sum(r * s for s, _, r in chunks)
-    det = spp * srr - spr * spr
-    if not det:
-        return sps / spp, 0.0
-    return (sps * srr - srs * spr) / det, (spp * srs - spr * sps) / det
+def split(chunks: list[tuple[float, int, int]]) -> tuple[float, float]:
+    """``(fixed seconds per part, seconds per row)``: the fixed cost is what a chunk of empty
+    shards spent per part; the rest of the other chunks' seconds, per row they wrote."""
+    empty = [(s, p) for s, p, r in chunks if r == 0]
+    full = [(s, p, r) for s, p, r in chunks if r > 0]
+    if empty:
+        fixed = sum(s for s, _ in empty) / sum(p for _, p in empty)
+    else:  # every chunk wrote rows: the least busy chunk per part is an upper bound
+        fixed = min(s / p for s, p, _ in chunks)
+    rows = sum(r for _, _, r in full)
+    rest = sum(s for s, _, _ in full) - fixed * sum(p for _, p, _ in full)
+    return fixed, max(0.0, rest / rows) if rows else 0.0
 
 
 def export_run(f: Fleet, label: str, url: str, env: dict[str, str]) -> dict:
@@ -109,7 +110,7 @@ def export_run(f: Fleet, label: str, url: str, env: dict[str, str]) -> dict:
         raise RuntimeError(f"export to {url} ended {doc}")
     chunks = chunk_rows(f, doc["run_id"])
     parts = sum(p for _, p, _ in chunks)
-    fixed, per_row = fit(chunks)
+    fixed, per_row = split(chunks)
     return {"label": label, "parts": parts, "chunks": len(chunks), "seconds": seconds,
             "rows": sum(r for _, _, r in chunks), "busy": sum(s for s, _, _ in chunks),
             "fixed": fixed, "per_row": per_row}
@@ -126,9 +127,8 @@ def print_exports(results: list[dict], workers: int) -> None:
               f"{1000 * r['busy'] / r['parts']:>8.2f} {1000 * r['fixed']:>13.2f} "
               f"{1e6 * r['per_row']:>7.1f}")
     print("seconds: from the command to the end of the run = seconds per night; ms/part: "
-          "worker seconds per part (chunk seconds / parts); fixed ms/part and µs/row: "
-          "least-squares fit of chunk seconds = fixed × parts + per_row × rows (an empty "
-          "shard's part costs the fixed part)")
+          "worker seconds per part (chunk seconds / parts); fixed ms/part: the same for "
+          "chunks of empty shards only; µs/row: the other chunks' seconds beyond that, per row")
 
 
 def large_shard(f: Fleet, outdir: Path, rows: int, repeats: int) -> dict[str, tuple[Run, Run]]:

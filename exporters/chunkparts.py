@@ -2,9 +2,9 @@
 
 The fixed cost of a part is paid once per chunk, not once per shard:
 
-- **what is there already**: one listing of the chunk's part names (``Destination.sizes``),
-  one read of the manifest and one query of the records; only a part that exists with
-  the recorded size is read again for its sha256 (a re-export);
+- **what is there already**: one read of the manifest and one query of the records, then
+  (only for parts they name) one listing of their sizes (``Destination.sizes``); only a
+  part that exists with the recorded size is read again for its sha256 (a re-export);
 - **reading**: one connection and one ``START TRANSACTION WITH CONSISTENT SNAPSHOT`` per
   server the chunk's shards are on (all of them, unless shards moved since the plan): every
   part of a chunk from one server comes from the same snapshot. One query finds the empty
@@ -69,13 +69,12 @@ def claimed(dest: Destination, log_: PartLog, folder: str, names: list[str]) -> 
 
 def intact(dest: Destination, log_: PartLog, folder: str, names: list[str]) -> dict[str, Part]:
     """The parts among ``names`` already there whose size and sha256 match their manifest
-    entry (or else their record)."""
-    sizes = dest.sizes(folder, names)
-    if not sizes:
-        return {}
-    want = claimed(dest, log_, folder, list(sizes))
+    entry (or else their record). Only claimed names are looked for: a first export of a
+    folder neither lists nor reads a part."""
+    want = claimed(dest, log_, folder, names)
+    sizes = dest.sizes(folder, sorted(want)) if want else {}
     return {n: p for n, p in want.items()
-            if p.bytes == sizes[n] and dest.sha256(folder + n) == p.sha256}
+            if sizes.get(n) == p.bytes and dest.sha256(folder + n) == p.sha256}
 
 
 # -- writing one part -----------------------------------------------------------------------

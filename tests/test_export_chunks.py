@@ -92,3 +92,14 @@ def test_mapping_lines_past_the_servers_cap_are_read_line_by_line(router, data, 
     joined = _mapping_rows(router, shard, monkeypatch, 1 << 20)  # every from ID joined
     cut = _mapping_rows(router, shard, monkeypatch, 100)  # every from ID past the cap
     assert joined == cut == [tuple(r) for r in want]
+
+
+def test_file_destination_refuses_keys_that_leave_its_root(tmp_path):
+    import pytest
+
+    from shardfarm.errors import ConfigError
+    dest = FileDestination(tmp_path / "root")
+    for key in ("../x", "users/../../x", "/etc/passwd", "", "a\0b"):
+        with pytest.raises(ConfigError, match="leaves"):
+            dest.open_part(key)
+    assert dest.sizes("users/dt=x/", ["part-00001.jsonl.gz"]) == {}
