@@ -235,3 +235,12 @@ def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env)
     assert doc["directory"]["state"] == "cleaned" and len(doc["followers"]) == 5
     assert runs.summary(rt, rt.ledger.latest_run("rebalance"))["loaded"] == {
         "board_followedby_users": N_FOLLOWERS}
+
+
+def test_reverse_chunks_pack_small_shards_and_cut_big_ones():
+    groups = [(1, 10, 3), (1, 11, 3), (2, 5, 2), (3, 7, 9), (3, 8, 1), (4, 1, 1)]
+    assert list(reverser.pack(groups, 8)) == [[[1, 10, 11], [2, 5, 5]], [[3, 7, 7]],
+                                              [[3, 8, 8], [4, 1, 1]]]
+    assert list(reverser.pack(groups, 100)) == [[[1, 10, 11], [2, 5, 5], [3, 7, 8],
+                                                 [4, 1, 1]]]
+    assert list(reverser.pack([], 8)) == []
