@@ -365,7 +365,9 @@ def run_summary(bench: Bench, run_id: str, control: str) -> dict:
     run = view["runs"][0]
     failed = sum(k["failed"] for k in run["kinds"])
     if run["status"] != "done" or failed:
-        raise RuntimeError(f"run {run_id} ended {run['status']} with {failed} failed chunk(s)")
+        why = bench.farm("failed", "--run", run_id, control=control).strip()[-1500:]
+        raise RuntimeError(f"run {run_id} ended {run['status']} with {failed} failed "
+                           f"chunk(s): {why}")
     return run
 
 

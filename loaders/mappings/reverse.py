@@ -29,6 +29,7 @@ from sharding.schema import MAPPING_TABLES, shard_table
 HANDLER = "loaders.mappings.reverse.reverse_chunk"
 REVERSES = {m.name: m.reverse_of for m in MAPPING_TABLES.values() if m.reverse_of}
 DEFAULT_CHUNK_ROWS = 50_000
+PLAN_BATCH = 256  # shards counted per planning statement
 
 
 def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
@@ -47,12 +48,25 @@ def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
 
 
 def _groups(router: Router, forward: str) -> Iterator[tuple[int, int, int]]:
-    """``(shard, from_id, rows)`` of every shard's forward table, in order."""
+    """``(shard, from_id, rows)`` of every shard's forward table, in order: one statement
+    for up to ``PLAN_BATCH`` consecutive shards of one server (a UNION of their counts)."""
+    batch: list[int] = []
     for shard in router.shardmap.shards():
-        for from_id, n in router.query(
-                router.host_for(shard), f"SELECT from_id, COUNT(*) FROM "
-                f"{shard_table(shard, forward)} GROUP BY from_id ORDER BY from_id", (), shard):
-            yield shard, from_id, n
+        if batch and (len(batch) == PLAN_BATCH or router.host_for(shard).server
+                      != router.host_for(batch[0]).server):
+            yield from _count_batch(router, forward, batch)
+            batch = []
+        batch.append(shard)
+    if batch:
+        yield from _count_batch(router, forward, batch)
+
+
+def _count_batch(router: Router, forward: str, shards: list[int]
+                 ) -> list[tuple[int, int, int]]:
+    """Rows per from_id of ``forward`` on ``shards`` (all on one server), in order."""
+    sql = " UNION ALL ".join(f"(SELECT {s} AS shard, from_id, COUNT(*) FROM "
+                             f"{shard_table(s, forward)} GROUP BY from_id)" for s in shards)
+    return router.query(router.host_for(shards[0]), sql + " ORDER BY 1, 2", (), shards[0])
 
 
 def pack(groups: Iterable[tuple[int, int, int]], chunk_rows: int) -> Iterator[list[list[int]]]:
