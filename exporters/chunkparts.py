@@ -9,8 +9,9 @@ The fixed cost of a part is paid once per chunk, not once per shard:
   server the chunk's shards are on (all of them, unless shards moved since the plan): every
   part of a chunk from one server comes from the same snapshot. One query finds the empty
   shards inside that snapshot; an empty shard's part is written without reading it;
-- **making visible**: parts are written to invisible temp objects and made durable at once
-  (``PartWriter.prepare``); a group of up to ``GROUP_PARTS`` parts (at most ``GROUP_BYTES``
+- **making visible**: parts are written to invisible temp objects; a group is made durable
+  at once (``PartWriter.prepare`` on several threads: the fsyncs share journal commits),
+  then a group of up to ``GROUP_PARTS`` parts (at most ``GROUP_BYTES``
   held in memory) is then published one after the other, each behind the chunk's fence
   (``ChunkContext.fence_fresh``: one renewal of the lease serves the parts published within
   a second of it, each still checked against the lease's deadline), S3 uploads several at
@@ -35,7 +36,7 @@ from sharding.schema import OBJECT_TABLES
 
 GROUP_PARTS = 64
 GROUP_BYTES = 8 * 1024 * 1024  # single-PUT bodies an S3 group may hold in memory at once
-UPLOAD_THREADS = 8
+THREADS = 8  # parts made durable (fsync, last upload) or published (S3) at once
 MANIFEST = "_manifest.json"
 
 
@@ -81,10 +82,9 @@ def intact(dest: Destination, log_: PartLog, folder: str, names: list[str]) -> d
 def write_part(conn, host_shard: int, table: str, fmt: str, dest: Destination, key: str,
                check: Callable[[], None], fence: Fence, empty: bool) -> tuple[PartWriter, Part]:
     """Stream ``table`` of shard ``host_shard`` over ``conn`` (in its snapshot) into the
-    temp object of ``key`` and make it durable, not visible; ``empty``: write an empty
-    part without reading. Returns the prepared writer and the part it will publish."""
+    temp object of ``key``, not visible; ``empty``: write an empty part without reading.
+    Returns the writer (to prepare and publish) and the part it will publish."""
     kind = "object" if table in OBJECT_TABLES else "mapping"
-    dest.drop_leftovers(key)  # a dead attempt's temp file of this part
     w = dest.open_part(key, fence)
     try:
         out = formats.Hashed(w)
@@ -96,7 +96,6 @@ def write_part(conn, host_shard: int, table: str, fmt: str, dest: Destination, k
             source = dump.prefetched(checked(check, source))
         rows = formats.write_part(fmt, out, kind, source)
         check()
-        w.prepare()
     except BaseException:
         w.abort()
         raise
@@ -126,12 +125,13 @@ class Group:
             return
         writers = [w for w, _ in self.pending]
         try:
-            if self.parallel and len(writers) > 1:
-                with ThreadPoolExecutor(min(UPLOAD_THREADS, len(writers))) as pool:
+            with ThreadPoolExecutor(min(THREADS, len(writers))) as pool:
+                list(pool.map(lambda w: w.prepare(), writers))  # fsyncs meet in one commit
+                if self.parallel:
                     list(pool.map(lambda w: w.publish(), writers))
-            else:
-                for w in writers:
-                    w.publish()
+                else:
+                    for w in writers:
+                        w.publish()
         except BaseException:
             self.abort()
             raise
@@ -169,6 +169,7 @@ def write_parts(hosts: Callable[[int], Host], table: str, fmt: str, dest: Destin
         record(parts)
         written.extend(parts)
     group = Group(dest, folder, keep, parallel=dest.parallel_publish)
+    dest.drop_leftovers_of(folder, [part_name(s, fmt) for s in shards])  # dead attempts'
     try:
         for host, run in by_host(hosts, shards):
             with dump.snapshot(host, run[0]) as conn:

@@ -26,6 +26,8 @@ from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
 T = TypeVar("T")
 EXPORT_TABLES: tuple[str, ...] = (*OBJECT_TABLES, *MAPPING_TABLES)
 BATCH_ROWS = 2000
+GROUP_MAX = 256 * 1024  # bytes of one from ID's lines joined by the server
+GROUP_ROWS = 32  # such rows a batch: at most 8 MiB
 NET_WRITE_TIMEOUT = 600  # a slow upload may hold the cursor; the server must not give up on us
 
 
@@ -141,10 +143,48 @@ def _one_line(line: bytes) -> bytes:
     return line.replace(b"\r", b" ").replace(b"\n", b" ")
 
 
+def _mapping_group_sql(table: str, shard: int) -> str:
+    line = ("CONCAT('{\"from_id\":', from_id, ',\"to_id\":', to_id, ',\"sequence\":', "
+            "sequence, '}')")
+    return (f"SELECT COUNT(*), from_id, GROUP_CONCAT({line} SEPARATOR '\\n') "
+            f"FROM {shard_table(shard, table)} FORCE INDEX (PRIMARY) GROUP BY from_id "
+            "ORDER BY from_id")
+
+
+def mapping_lines(conn: pymysql.Connection, table: str, shard: int
+                  ) -> Iterator[tuple[bytes, int]]:
+    """Mapping-table JSON Lines, the server joining each from ID's lines into one row
+    (``GROUP_CONCAT`` in primary-key order, capped at ``GROUP_MAX`` bytes): the client
+    handles a row per from ID, not per line. A from ID whose lines pass the cap is read
+    again line by line after the rest (same snapshot), so memory stays bounded."""
+    big: list[int] = []
+    with conn.cursor(pymysql.cursors.SSCursor) as cur:
+        cur.execute(f"SET SESSION group_concat_max_len = {GROUP_MAX}")
+        cur.execute(_mapping_group_sql(table, shard))
+        while rows := cur.fetchmany(GROUP_ROWS):
+            whole = [r for r in rows if r[2].count(b"\n") + 1 == r[0]]  # else: cut at the cap
+            big += [int(r[1]) for r in rows if r[2].count(b"\n") + 1 != r[0]]
+            if whole:
+                yield b"\n".join([r[2] for r in whole]) + b"\n", sum(r[0] for r in whole)
+    sql, _ = _mapping_line_sql(table, shard)
+    where = sql.replace(" ORDER BY", " WHERE from_id = %s ORDER BY")
+    for from_id in big:
+        yield from _line_batches(conn, table, shard, where, (from_id,), BATCH_ROWS)
+
+
 def lines(conn: pymysql.Connection, table: str, shard: int,
           batch: int = BATCH_ROWS) -> Iterator[tuple[bytes, int]]:
-    """``(bytes, rows)`` batches of JSON Lines (each line ends with ``\\n``) in key order."""
-    sql, params = (_object_line_sql if table in OBJECT_TABLES else _mapping_line_sql)(table, shard)
+    """``(bytes, rows)`` batches of JSON Lines (each line ends with ``\\n``): objects in key
+    order, mappings by from ID (``mapping_lines``)."""
+    if table not in OBJECT_TABLES:
+        return mapping_lines(conn, table, shard)
+    sql, params = _object_line_sql(table, shard)
+    return _line_batches(conn, table, shard, sql, params, batch)
+
+
+def _line_batches(conn: pymysql.Connection, table: str, shard: int, sql: str, params: tuple,
+                  batch: int) -> Iterator[tuple[bytes, int]]:
+    """``(bytes, rows)`` batches of the one-line-a-row result of ``sql``."""
     with conn.cursor(pymysql.cursors.SSCursor) as cur:
         cur.execute(sql, params)
         while True:

@@ -119,12 +119,12 @@ def dump_part(host: Host, shard: int, table: str, fmt: str, dest: Destination, k
     and snapshot of its own; visible only once whole. ``check`` runs between batches (a
     chunk's lease check), ``fence`` immediately before the part becomes visible (default:
     ``check``)."""
+    dest.drop_leftovers(key)  # a dead attempt's temp file of this part
     with dump.snapshot(host, shard) as conn:
         w, part = chunkparts.write_part(conn, shard, table, fmt, dest, key, check,
                                         fence or check, empty=False)
     with w:
-        w.publish()
-    dest.sync(key.rsplit("/", 1)[0] + "/")
+        w.commit()
     return part
 
 

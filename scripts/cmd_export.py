@@ -44,10 +44,10 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
            force: bool, wait: bool) -> None:
     """Export every shard of each table to {dest}/{table}/dt={date}/ for Spark.
 
-    One chunk per (table, shard) streams one consistent snapshot into
-    part-{shard:05d}.jsonl.gz; when a table's parts are all there, _manifest.json
-    and then _SUCCESS are written. Running it again for the same date skips
-    intact parts (unless --force).
+    One chunk per table and run of up to 64 shards on one server streams one
+    consistent snapshot into a part-{shard:05d}.jsonl.gz per shard; when a
+    table's parts are all there, _manifest.json and then _SUCCESS are written.
+    Running it again for the same date skips intact parts (unless --force).
     """
     run_id = launch.export(app.runtime, date, dest, _tables(tables), fmt, role, force,
                            notice=note)

@@ -107,7 +107,7 @@ def export_frozen(ctx, table: str, freeze_once: str, part_size: int = 0, **shard
     import os
     import signal
 
-    from exporters import destinations
+    from exporters import destinations, s3
     from exporters import export as exporter
 
     def freezing(publish):
@@ -129,7 +129,7 @@ def export_frozen(ctx, table: str, freeze_once: str, part_size: int = 0, **shard
         if not getattr(cls.publish, "frozen", False):
             cls.publish = freezing(cls.publish)
     if part_size:
-        destinations.MIN_PART = destinations.PART_SIZE = part_size
+        s3.MIN_PART = s3.PART_SIZE = part_size
         init = destinations.S3Writer.__init__
         init.__defaults__ = (part_size, *init.__defaults__[1:])
     return exporter.export_chunk(ctx, table, **shards)

@@ -73,3 +73,22 @@ def test_a_chunk_killed_half_way_keeps_its_recorded_parts(ledger, settings, rout
         assert len(gzip.decompress(body).splitlines()) == f["rows"]
     assert dest.exists(folder + "_SUCCESS")
     assert not [p for p in (tmp_path / "killed").rglob(".*")]  # no temp file left
+
+
+def _mapping_rows(router, shard: int, monkeypatch, cap: int) -> list[tuple]:
+    from exporters import dump
+    monkeypatch.setattr(dump, "GROUP_MAX", cap)
+    with dump.snapshot(router.host_for(shard), shard) as conn:
+        lines = b"".join(blob for blob, _ in dump.lines(conn, "board_has_pins", shard))
+    return [tuple(json.loads(x).values()) for x in lines.splitlines()]
+
+
+def test_mapping_lines_past_the_servers_cap_are_read_line_by_line(router, data,  # noqa: F811
+                                                                  monkeypatch):
+    shard = data[0]
+    want = router.query(router.host_for(shard), f"SELECT from_id, to_id, sequence FROM "
+                        f"`db{shard:05d}`.`board_has_pins` ORDER BY from_id, to_id")
+    assert len(want) >= 21
+    joined = _mapping_rows(router, shard, monkeypatch, 1 << 20)  # every from ID joined
+    cut = _mapping_rows(router, shard, monkeypatch, 100)  # every from ID past the cap
+    assert joined == cut == [tuple(r) for r in want]
