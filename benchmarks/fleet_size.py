@@ -123,7 +123,9 @@ def timed_run(f: Fleet, rt: Runtime, start: Callable[[Runtime], str], **env: str
         status = wait_done(rt, run_id)
         seconds = time.perf_counter() - t
     if status != "done":
-        raise RuntimeError(f"run {run_id} ended {status}")
+        why = [f"{r['kind']} chunk {r['chunk_id']}: {r['last_error']}"
+               for r in rt.ledger.failures(run_id, limit=5)]
+        raise RuntimeError(f"run {run_id} ended {status}: {why}")
     return {"seconds": round(seconds, 1), **overhead(rt, run_id)}
 
 
