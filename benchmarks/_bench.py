@@ -1,6 +1,6 @@
 """The shard-host bench every migration benchmark runs on: a private mariadbd configured
 like a shard host (legacy, control database, 16 shards on two host names, 4096 mod
-buckets), Redis db 12, ``farm`` commands with that environment, and the target tables.
+buckets), a private redis-server, ``farm`` commands with that environment, and the target tables.
 
 ``with_bench(fn)`` starts it, runs ``fn(bench)`` and always cleans up.
 """
@@ -17,16 +17,20 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pymysql
 import pymysql.cursors
 from redis import Redis
+from rq import Worker
 
 from benchmarks._server import ShardHostMariaDB
+from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
 from loaders.migration.spec import ORDER
+from shardfarm.settings import Settings
 from sharding.schema import (
     MAPPING_TABLES,
     MOD_TABLES,
@@ -35,9 +39,10 @@ from sharding.schema import (
     mod_table,
     shard_table,
 )
+from tests.servers import PrivateRedis
+from workers import launch
 
 ROOT = Path(__file__).resolve().parent.parent
-REDIS_URL = "redis://127.0.0.1:6379/12"
 SHARDS = 16
 BUCKETS = 4096
 CHUNK_SIZE = migration.DEFAULT_CHUNK_ROWS
@@ -96,6 +101,7 @@ class Bench:
     server: ShardHostMariaDB
     workdir: Path
     env: dict[str, str]
+    redis: PrivateRedis | None = None
 
     def connect(self, **kwargs: object) -> pymysql.Connection:
         """A root connection to the private server (utf8mb4, autocommit)."""
@@ -134,14 +140,14 @@ def shard_map(port: int) -> dict:
                 {"range": [mid, BUCKETS - 1], "master": "MySQL001B", "slave": "MySQL001A"}]}}
 
 
-def make_bench(server: ShardHostMariaDB) -> Bench:
+def make_bench(server: ShardHostMariaDB, rds: PrivateRedis) -> Bench:
     """Write the shard map and build the environment every subprocess gets."""
     workdir = Path(tempfile.mkdtemp(prefix="farm-migrate-bench-", dir=TMP))
     map_path = workdir / "shardmap.json"
     map_path.write_text(json.dumps(shard_map(server.port)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
-    bench = Bench(server, workdir, env)
-    env.update({"FARM_SHARDMAP": str(map_path), "FARM_REDIS_URL": REDIS_URL,
+    bench = Bench(server, workdir, env, rds)
+    env.update({"FARM_SHARDMAP": str(map_path), "FARM_REDIS_URL": rds.url(),
                 "FARM_LEGACY_DSN": bench.dsn("legacy"),
                 "FARM_CONTROL_DSN": bench.dsn("farm_control"),
                 "PYTHONPATH": str(ROOT)})
@@ -153,9 +159,9 @@ def say(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def flush_redis() -> None:
-    """Empty the benchmark's private Redis db."""
-    Redis.from_url(REDIS_URL).flushdb()
+def flush_redis(bench: Bench) -> None:
+    """Empty the benchmark's private Redis."""
+    Redis.from_url(bench.env["FARM_REDIS_URL"]).flushdb()
 
 
 # --- target tables -------------------------------------------------------------------------
@@ -286,6 +292,59 @@ def run_workers(bench: Bench, count: int, control: str) -> float:
     return seconds
 
 
+@contextmanager
+def running_workers(bench: Bench, count: int, control: str) -> Iterator[None]:
+    """``farm workers --count N`` started and registered (idle) before the block, stopped
+    after it: what a timing inside the block measures excludes the workers' start-up."""
+    env = {**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}
+    log = bench.workdir / f"workers-{control}-running.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count",
+                                 str(count)], env=env, cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        conn = Redis.from_url(bench.env["FARM_REDIS_URL"])
+        deadline = time.monotonic() + 120
+        while Worker.count(connection=conn) < count:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start: {log.read_text()[-800:]}")
+            time.sleep(0.1)
+        yield
+    finally:
+        _stop_group(proc)
+
+
+def timed_run(bench: Bench, workers: int, control: str,
+              start: Callable[[Runtime], str]) -> tuple[str, float]:
+    """With ``workers`` already running, the seconds from ``start(runtime)`` (plan, record,
+    enqueue, in this process) to the run's end, and its run ID."""
+    rt = Runtime(Settings.from_env({**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}))
+    try:
+        with running_workers(bench, workers, control):
+            t = time.perf_counter()
+            run_id = start(rt)
+            wait_run(bench, run_id, control)
+            return run_id, time.perf_counter() - t
+    finally:
+        rt.close()
+
+
+def wait_run(bench: Bench, run_id: str, control: str, every: float = 0.02) -> None:
+    """Poll the ledger until run ``run_id`` is no longer running."""
+    conn = bench.connect(database=control)
+    try:
+        with conn.cursor() as cur:
+            deadline = time.monotonic() + WORKERS_TIMEOUT
+            while time.monotonic() < deadline:
+                cur.execute("SELECT status FROM runs WHERE run_id = %s", (run_id,))
+                if cur.fetchone()[0] != "running":
+                    return
+                time.sleep(every)
+    finally:
+        conn.close()
+    raise RuntimeError(f"run {run_id} did not end")
+
+
 def _stop_group(proc: subprocess.Popen) -> None:
     """End the process group started for ``proc``: SIGTERM, then SIGKILL after 20 s."""
     try:
@@ -306,18 +365,20 @@ def run_summary(bench: Bench, run_id: str, control: str) -> dict:
     run = view["runs"][0]
     failed = sum(k["failed"] for k in run["kinds"])
     if run["status"] != "done" or failed:
-        raise RuntimeError(f"run {run_id} ended {run['status']} with {failed} failed chunk(s)")
+        why = bench.farm("failed", "--run", run_id, control=control).strip()[-1500:]
+        raise RuntimeError(f"run {run_id} ended {run['status']} with {failed} failed "
+                           f"chunk(s): {why}")
     return run
 
 
 def migrate(bench: Bench, workers: int, control: str) -> Migration:
-    """Empty the target, start a run, time the workers and count what they wrote."""
-    say(f"emptying the target, then migrating with {workers} worker(s)")
+    """Empty the target; with ``workers`` running already, time the run from its planning to
+    its end and count what it wrote."""
+    say(f"emptying the target, then migrating with {workers} running worker(s)")
     empty_tables(bench, all_written_tables())
-    flush_redis()
-    out = bench.farm("migrate", "--chunk-size", str(CHUNK_SIZE), control=control)
-    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
-    seconds = run_workers(bench, workers, control)
+    flush_redis(bench)
+    run_id, seconds = timed_run(bench, workers, control,
+                                lambda rt: launch.migrate(rt, CHUNK_SIZE))
     run = run_summary(bench, run_id, control)
     read = sum(k["rows_read"] for k in run["kinds"])
     counts = count_rows(bench, [t.name for t in target_tables()])
@@ -329,12 +390,12 @@ def migrate(bench: Bench, workers: int, control: str) -> Migration:
 def with_bench(fn: Callable[[Bench], None]) -> None:
     """Start the private server, run ``fn(bench)``, and always stop it and clean up."""
     sys.stdout.reconfigure(line_buffering=True)
-    flush_redis()
+    rds = PrivateRedis.start()
     server = ShardHostMariaDB.start_shard_host()
-    bench = make_bench(server)
+    bench = make_bench(server, rds)
     try:
         fn(bench)
     finally:
         server.stop()
-        flush_redis()
+        rds.stop()
         shutil.rmtree(bench.workdir, ignore_errors=True)

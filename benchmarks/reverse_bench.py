@@ -6,8 +6,10 @@ On the private shard-host mariadbd of ``benchmarks.migrate_bench`` (Redis db 12,
 flushed before and after): generate legacy data and migrate it with 2 burst
 workers (setup, not timed), then
 
-- time ``farm reverse`` of all three reverse tables with ``farm workers
-  --count 2 --burst``, counting the reverse rows on every shard afterwards;
+- with ``farm workers --count 2`` already running (their start-up is not the rebuild's
+  cost), time ``farm reverse`` of all three reverse tables from planning to the run's
+  end (in this process: plan, record, enqueue, then the ledger polled every 20 ms),
+  counting the reverse rows on every shard afterwards;
 - reference: dump exactly those rows to TSV (sorted by primary key), truncate
   the reverse tables and time ``LOAD DATA LOCAL INFILE`` of them back, one
   statement per table per shard, 2 client threads (as many as workers).
@@ -16,7 +18,6 @@ workers (setup, not timed), then
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,14 +35,15 @@ from benchmarks._bench import (
     empty_tables,
     migrate,
     run_summary,
-    run_workers,
     say,
+    timed_run,
     with_bench,
 )
 from benchmarks.migrate_bench import fmt_row, generate, print_header
 from benchmarks.migrate_refs import dump_table, load_data
 from loaders.mappings.reverse import DEFAULT_CHUNK_ROWS, REVERSES
 from sharding.schema import shard_table
+from workers import launch
 
 CONTROL = "farm_control"
 WORKERS = 2
@@ -60,14 +62,21 @@ def forward_rows(bench: Bench) -> int:
 
 
 def measure_reverse(bench: Bench) -> tuple[Measure, dict[str, int]]:
-    """Start ``farm reverse`` (no --wait), time the burst workers, check the run is done."""
+    """Time ``farm reverse`` with running workers; check the run is done and count rows."""
     names = [t.name for t in reverse_targets()]
     empty_tables(bench, names)
-    say(f"farm reverse (all tables), then {WORKERS} burst workers")
-    out = bench.farm("reverse", control=CONTROL)
-    run_id = json.loads(out.strip().splitlines()[-1])["run_id"]
-    seconds = run_workers(bench, WORKERS, CONTROL)
+    say(f"farm reverse (all tables) with {WORKERS} running workers")
+    run_id, seconds = timed_run(bench, WORKERS, CONTROL,
+                                lambda rt: launch.reverse(rt, [], DEFAULT_CHUNK_ROWS))
     run = run_summary(bench, run_id, CONTROL)
+    conn = bench.connect(database=CONTROL)
+    with conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*), SUM(seconds), TIMESTAMPDIFF(MICROSECOND, MIN(started_at), "
+                    "MAX(finished_at)) / 1e6 FROM chunks WHERE run_id = %s", (run_id,))
+        chunks, busy, span = cur.fetchone()
+    conn.close()
+    print(f"{chunks} chunks, {float(busy):.1f} s inside handlers, first start to last finish "
+          f"{float(span):.1f} s, {seconds:.1f} s from planning to the run's end")
     counts = count_rows(bench, names)
     written = sum(k["rows_written"] for k in run["kinds"])
     if written != sum(counts.values()):

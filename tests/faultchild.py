@@ -93,7 +93,7 @@ def _reverse(router, table: str, shard: int, lo: int, hi: int) -> None:
     from loaders.mappings import reverse as reverser
     from loaders.migration import writer
     writer.WRITE_THREADS = 1
-    reverser.reverse_chunk(_Ctx(router), table, shard, lo, hi)
+    reverser.reverse_chunk(_Ctx(router), table, parts=[[shard, lo, hi]])
 
 
 def _export(router, control: str, run_id: str, chunk_id: int, group: int) -> None:

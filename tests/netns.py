@@ -14,6 +14,9 @@ the kernel refuses, ``NetLabError`` says so (the tests fail on it, they never sk
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from dataclasses import dataclass, field
 
@@ -111,8 +114,9 @@ class NetLab:
                 'hostname "$0" && exec "$@"', machine, *argv]
 
     def popen(self, machine: str, argv: list[str], **kwargs: object) -> subprocess.Popen:
-        """Start ``argv`` inside ``machine`` (stopped by ``teardown`` if still running)."""
-        proc = subprocess.Popen(self.argv(machine, argv), **kwargs)
+        """Start ``argv`` inside ``machine`` in a process group of its own (``teardown``
+        kills the whole group: a supervisor's workers too)."""
+        proc = subprocess.Popen(self.argv(machine, argv), start_new_session=True, **kwargs)
         self.procs.append(proc)
         return proc
 
@@ -126,9 +130,9 @@ class NetLab:
         """Kill what ``popen`` started, delete the namespaces and the bridge (quietly: some
         may not exist)."""
         for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
         for m in self.machines:
             subprocess.run([IP, "netns", "del", self.netns(m)], capture_output=True)
             subprocess.run([IP, "link", "del", self.host_side(m)], capture_output=True)

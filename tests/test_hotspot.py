@@ -239,3 +239,14 @@ def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env)
     from tests.ttykit import in_tty
     code, shown = in_tty(farm_env, "summary", doc["run_id"])  # what a person reads
     assert code == 0 and f"board {board} now on 3 shards" in shown
+    assert runs.summary(rt, rt.ledger.latest_run("rebalance"))["loaded"] == {
+        "board_followedby_users": N_FOLLOWERS}
+
+
+def test_reverse_chunks_pack_small_shards_and_cut_big_ones():
+    groups = [(1, 10, 3), (1, 11, 3), (2, 5, 2), (3, 7, 9), (3, 8, 1), (4, 1, 1)]
+    assert list(reverser.pack(groups, 8)) == [[[1, 10, 11], [2, 5, 5]], [[3, 7, 7]],
+                                              [[3, 8, 8], [4, 1, 1]]]
+    assert list(reverser.pack(groups, 100)) == [[[1, 10, 11], [2, 5, 5], [3, 7, 8],
+                                                 [4, 1, 1]]]
+    assert list(reverser.pack([], 8)) == []

@@ -113,6 +113,25 @@ def test_scale_host_moves_only_that_hosts_workers_over_its_own_address(lab):
     wait_workers(env, {})
 
 
+def test_a_migration_loads_from_another_host(lab):
+    """LOAD DATA LOCAL's temp file lives on the worker's machine and goes over the client
+    connection: a worker on m3 migrates a small legacy database exactly."""
+    env = lab["env"]
+    out = run_farm(env, "legacy", "generate", "--users", "30", "--seed", "4")
+    assert out.returncode == 0, out.stderr
+    try:
+        scale(env, 1, "m3")
+        wait_workers(env, {"m3": 1})
+        out = run_farm(env, "migrate", "--wait", timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads(out.stdout.splitlines()[-1])
+        assert summary["status"] == "done" and summary["loaded"]["users"] > 0
+        out = run_farm(env, "verify", timeout=300)
+        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    finally:
+        scale(env, 0, "m3")
+
+
 def shard_rows(db: PrivateMariaDB, shard: int) -> dict[int, int]:
     """to_id's local ID -> sequence of the rows of user 7 on ``shard`` (the test's own SQL)."""
     owner = ids.encode(shard, "user", 7)
@@ -182,21 +201,3 @@ def test_the_lab_refuses_loudly_without_privileges(tmp_path):
     with pytest.raises(NetLabError, match="ip link add"):
         ip("link", "add", "x" * 40, "type", "bridge")  # an impossible interface name
 
-
-def test_a_migration_loads_from_another_host(lab):
-    """LOAD DATA LOCAL's temp file lives on the worker's machine and goes over the client
-    connection: a worker on m3 migrates a small legacy database exactly."""
-    env = lab["env"]
-    out = run_farm(env, "legacy", "generate", "--users", "30", "--seed", "4")
-    assert out.returncode == 0, out.stderr
-    try:
-        scale(env, 1, "m3")
-        wait_workers(env, {"m3": 1})
-        out = run_farm(env, "migrate", "--wait", timeout=300)
-        assert out.returncode == 0, out.stderr[-2000:]
-        summary = json.loads(out.stdout.splitlines()[-1])
-        assert summary["status"] == "done" and summary["loaded"]["users"] > 0
-        out = run_farm(env, "verify", timeout=300)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    finally:
-        scale(env, 0, "m3")

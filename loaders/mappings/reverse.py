@@ -1,9 +1,10 @@
 """``farm reverse``: rebuild reverse mapping tables from their forward tables.
 
-Chunks are (reverse table, source shard[, from_id range]) sized by row count.
-A chunk reads its forward rows in key order, turns ``(a, b, seq)`` into
-``(b, a, seq)``, regroups them by the shard of the new from ID, and writes them
-with the migration's fenced, idempotent bulk writer. Followers of a board are
+Chunks are a reverse table and about ``chunk_rows`` forward rows: from_id ranges of one
+or several source shards (small shards packed together). A chunk has each source's
+server turn ``(a, b, seq)`` into ``(b, a, seq)`` rendered as ``LOAD DATA`` text grouped
+by the shard of the new from ID (no row is parsed by the worker), and loads each
+destination shard's text in one fenced transaction, a few shards at a time. Followers of a board are
 written by one transaction per home shard that share-locks that shard's hotspot
 directory first: a hot board's rows go to its listed shard (committed before the
 home commit) and home too while it is not spread, so a rebalance can neither flip
@@ -12,16 +13,14 @@ nor clean a board under the writer, and no row lands where no reader looks.
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
 from loaders.migration import writer
 from loaders.migration.build import TargetRows
-from loaders.migration.legacy import cut_ranges
 from loaders.migration.writer import write_shards
-from shardfarm.errors import UsageError
+from shardfarm.errors import FatalError, UsageError
 from sharding import fencing, ids
 from sharding.hotspot import FOLLOWERS, lock_directory, place
 from sharding.router import Router
@@ -30,75 +29,137 @@ from sharding.schema import MAPPING_TABLES, shard_table
 HANDLER = "loaders.mappings.reverse.reverse_chunk"
 REVERSES = {m.name: m.reverse_of for m in MAPPING_TABLES.values() if m.reverse_of}
 DEFAULT_CHUNK_ROWS = 50_000
+PLAN_BATCH = 256  # shards counted per planning statement
 
 
 def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
          ) -> tuple[dict, list[ChunkSpec]]:
-    """Chunks for every source shard of each reverse table's forward table."""
+    """Chunks of about ``chunk_rows`` forward rows each: a big shard is cut into from_id
+    ranges, small shards are packed together (so a chunk writes each destination shard
+    once for many sources, and the number of chunks follows the rows, not the shards)."""
     tables = tables or list(REVERSES)
     unknown = [t for t in tables if t not in REVERSES]
     if unknown:
         names = ", ".join(repr(t)[1:-1][:64] for t in unknown)
         raise UsageError(f"not a reverse table: {names} (known: {', '.join(REVERSES)})")
-    chunks = [ChunkSpec(t, {"table": t, "shard": s, "lo": lo, "hi": hi}, rows=n)
-              for t in tables for s in router.shardmap.shards()
-              for lo, hi, n in _ranges(router, REVERSES[t], s, chunk_rows)]
+    chunks = [ChunkSpec(t, {"table": t, "parts": parts}) for t in tables
+              for parts in pack(_groups(router, REVERSES[t]), chunk_rows)]
     return {"kinds": tables, "chunk_rows": chunk_rows}, chunks
 
 
-def _ranges(router: Router, forward: str, shard: int, chunk_rows: int
-            ) -> Iterator[tuple[int, int, int]]:
-    """from_id ranges of about ``chunk_rows`` rows, with their rows (one range for a small
-    shard)."""
-    q = shard_table(shard, forward)
-    groups = router.query(router.host_for(shard),
-                          f"SELECT from_id, COUNT(*) FROM {q} GROUP BY from_id ORDER BY from_id",
-                          (), shard)
-    return cut_ranges(groups, chunk_rows)
+def _groups(router: Router, forward: str) -> Iterator[tuple[int, int, int]]:
+    """``(shard, from_id, rows)`` of every shard's forward table, in order: one statement
+    for up to ``PLAN_BATCH`` consecutive shards of one server (a UNION of their counts)."""
+    batch: list[int] = []
+    for shard in router.shardmap.shards():
+        if batch and (len(batch) == PLAN_BATCH or router.host_for(shard).server
+                      != router.host_for(batch[0]).server):
+            yield from _count_batch(router, forward, batch)
+            batch = []
+        batch.append(shard)
+    if batch:
+        yield from _count_batch(router, forward, batch)
 
 
-def reverse_chunk(ctx: ChunkContext, table: str, shard: int, lo: int, hi: int) -> Outcome:
-    """Chunk handler: write the reverse of forward rows ``lo..hi`` on ``shard``."""
-    q = shard_table(shard, REVERSES[table])
-    rows = ctx.router.query(ctx.router.host_for(shard),
-                            f"SELECT from_id, to_id, sequence FROM {q} WHERE from_id BETWEEN "
-                            "%s AND %s ORDER BY from_id, to_id", (lo, hi), shard)
-    ctx.check()
-    if table == FOLLOWERS:
-        written = _write_followers(ctx, [(b, a, seq) for a, b, seq in rows])
-    else:
-        target = TargetRows()
-        for a, b, seq in rows:
-            target.mappings[(ids.shard_of(b), table)].append((b, a, seq))
-        write_shards(ctx.router, ctx.token, target)
-        written = len(rows)
-    return Outcome(rows_read=len(rows), rows_written=written, counts={table: written})
+def _count_batch(router: Router, forward: str, shards: list[int]
+                 ) -> list[tuple[int, int, int]]:
+    """Rows per from_id of ``forward`` on ``shards`` (all on one server), in order."""
+    sql = " UNION ALL ".join(f"(SELECT {s} AS shard, from_id, COUNT(*) FROM "
+                             f"{shard_table(s, forward)} GROUP BY from_id)" for s in shards)
+    return router.query(router.host_for(shards[0]), sql + " ORDER BY 1, 2", (), shards[0])
 
 
-def _write_followers(ctx: ChunkContext, rows: list[tuple]) -> int:
-    """Follower rows, one transaction per home shard (a few at a time); returns rows written."""
-    by_home: dict[int, list[tuple]] = defaultdict(list)
-    for row in rows:
-        by_home[ids.shard_of(row[0])].append(row)
+def pack(groups: Iterable[tuple[int, int, int]], chunk_rows: int) -> Iterator[list[list[int]]]:
+    """Chunks of about ``chunk_rows`` rows from ``(shard, key, rows)`` groups: each a list
+    of ``[shard, lo, hi]`` parts (inclusive key ranges, one per shard it covers)."""
+    parts: list[list[int]] = []
+    n = 0
+    for shard, key, count in groups:
+        if n and n + count > chunk_rows:
+            yield parts
+            parts, n = [], 0
+        if parts and parts[-1][0] == shard:
+            parts[-1][2] = key
+        else:
+            parts.append([shard, key, key])
+        n += count
+    if parts:
+        yield parts
+
+
+def reverse_chunk(ctx: ChunkContext, table: str, parts: list[list[int]] | None = None,
+                  shard: int | None = None, lo: int | None = None, hi: int | None = None
+                  ) -> Outcome:
+    """Chunk handler: write the reverse of the forward rows of ``parts`` (``[shard, lo,
+    hi]`` each; a chunk planned before packing names one ``shard, lo, hi``), one fenced
+    transaction per destination shard."""
+    texts: dict[int, list] = {}
+    for src, a, b in parts or [[shard, lo, hi]]:
+        for dest, (text, n) in _reverse_text(ctx, REVERSES[table], src, a, b).items():
+            have = texts.setdefault(dest, ["", 0])
+            have[0] += text
+            have[1] += n
+        ctx.check()
     written: list[int] = []
-    writer.run_parallel([(_write_home, ctx, home, group, written)
-                         for home, group in sorted(by_home.items())], writer.WRITE_THREADS)
-    return sum(written)
+    writer.run_parallel([(_write_dest, ctx, table, dest, text, n, written)
+                         for dest, (text, n) in sorted(texts.items())], writer.WRITE_THREADS)
+    rows, done = sum(n for _text, n in texts.values()), sum(written)
+    return Outcome(rows_read=rows, rows_written=done, counts={table: done})
 
 
-def _write_home(ctx: ChunkContext, home: int, rows: list[tuple], written: list[int]) -> None:
-    """In one home-shard transaction: lock the directory, commit hot boards' rows on their
-    listed shards, load the home rows, commit."""
+def _reverse_text(ctx: ChunkContext, forward: str, shard: int, lo: int, hi: int
+                  ) -> dict[int, tuple[str, int]]:
+    """The reverse of forward rows ``lo..hi``, rendered by the server as ``LOAD DATA`` text
+    per destination shard (the new from ID's), in its primary-key order: ``{shard: (text,
+    rows)}``. No row is parsed here; a group cut short by ``group_concat_max_len`` (a chunk
+    far beyond ``max_allowed_packet``) is refused rather than loaded in part."""
+    q = shard_table(shard, forward)
+
+    def read(cur) -> list[tuple]:
+        cur.execute("SET SESSION group_concat_max_len = @@max_allowed_packet")
+        cur.execute(f"SELECT to_id >> {ids.SHARD_SHIFT}, COUNT(*), GROUP_CONCAT(to_id, '\t', "
+                    "from_id, '\t', sequence ORDER BY to_id, from_id SEPARATOR '\n') "
+                    f"FROM {q} WHERE from_id BETWEEN %s AND %s GROUP BY 1", (lo, hi))
+        return list(cur.fetchall())
+    out = {}
+    for dest, n, text in ctx.router.run(shard, read):
+        if text.count("\n") + 1 != n:
+            raise FatalError(f"reverse rows of {forward} on shard {shard} ({lo}..{hi}) for "
+                             f"shard {dest} exceed max_allowed_packet: use a smaller "
+                             "--chunk-size")
+        out[int(dest)] = (text + "\n", int(n))
+    return out
+
+
+def _write_dest(ctx: ChunkContext, table: str, dest: int, text: str, n: int,
+                written: list[int]) -> None:
+    """One fenced transaction on ``dest``: its rows of the chunk (followers through the
+    hotspot directory, see ``_place_followers``)."""
     def tx(cur) -> int:
-        entries = lock_directory(cur, home)
-        fencing.check(cur, home, ctx.token)
-        home_rows, spread = place(rows, entries)
-        if spread:
-            target = TargetRows()
-            for shard, group in spread.items():
-                target.mappings[(shard, FOLLOWERS)] = group
-            write_shards(ctx.router, ctx.token, target, threads=1)
-        if home_rows:
-            writer.load_rows(cur, shard_table(home, FOLLOWERS), "mapping", home_rows)
-        return len(home_rows) + sum(len(g) for g in spread.values())
-    written.append(ctx.router.run(home, tx, infile=True))
+        if table != FOLLOWERS:
+            fencing.check(cur, dest, ctx.token)
+            writer.load_text(cur, shard_table(dest, table), "mapping", text)
+            return n
+        return _place_followers(ctx, cur, dest, text, n)
+    written.append(ctx.router.run(dest, tx, infile=True))
+
+
+def _place_followers(ctx: ChunkContext, cur, home: int, text: str, n: int) -> int:
+    """In the home shard's transaction: lock the directory; with no hot board listed, load
+    the text as it is; else commit hot boards' rows on their listed shards first and load
+    the home rows (only then are rows parsed)."""
+    entries = lock_directory(cur, home)
+    fencing.check(cur, home, ctx.token)
+    if not entries:
+        writer.load_text(cur, shard_table(home, FOLLOWERS), "mapping", text)
+        return n
+    rows = [tuple(map(int, line.split("\t"))) for line in text.splitlines()]
+    home_rows, spread = place(rows, entries)
+    if spread:
+        target = TargetRows()
+        for shard, group in spread.items():
+            target.mappings[(shard, FOLLOWERS)] = group
+        write_shards(ctx.router, ctx.token, target, threads=1)
+    if home_rows:
+        writer.load_rows(cur, shard_table(home, FOLLOWERS), "mapping", home_rows)
+    return len(home_rows) + sum(len(g) for g in spread.values())

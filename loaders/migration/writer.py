@@ -66,7 +66,13 @@ def load_rows(cur: Cursor, q: str, kind: str, rows: list[tuple], mode: str = "RE
     """Inside a shard transaction: ``LOAD DATA LOCAL INFILE … REPLACE`` (or ``IGNORE``) of
     ``rows`` into ``q`` (``kind`` is ``object`` or ``mapping``); returns the rows affected.
     The connection must allow ``LOCAL INFILE``."""
-    with temp_tsv(_tsv_backslash_escaped(kind, rows)) as path:
+    return load_text(cur, q, kind, _tsv_backslash_escaped(kind, rows), mode)
+
+
+def load_text(cur: Cursor, q: str, kind: str, text: str, mode: str = "REPLACE") -> int:
+    """``load_rows`` of rows already rendered as ``LOAD DATA`` text (tab-separated lines,
+    backslash-escaped, in primary-key order); returns the rows affected."""
+    with temp_tsv(text) as path:
         return cur.execute(f"LOAD DATA LOCAL INFILE %s {LOAD_MODES[mode]} INTO TABLE {q} "
                            f"CHARACTER SET utf8mb4 {COLUMNS[kind]}", (path,))
 
