@@ -30,6 +30,7 @@ from sharding.provision import init_databases
 from sharding.router import Router
 
 ROOT = Path(__file__).resolve().parent.parent
+WORKER_LOG = open(os.environ.get("BENCH_WORKER_LOG", os.devnull), "w")  # noqa: SIM115
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
 
 
@@ -69,7 +70,7 @@ def _reference(src: ShardHostMariaDB, dst: ShardHostMariaDB) -> float:
 def _farm(env: dict, workers: int) -> tuple[float, dict]:
     proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count",
                              str(workers)], env=env, cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=WORKER_LOG, stderr=subprocess.STDOUT)
     try:
         time.sleep(3)  # the workers start (outside the measurement)
         t = time.monotonic()

@@ -105,7 +105,7 @@ def test_move_eight_shards_under_writes_loses_nothing(moved_map, repl_pair, env)
         at_start = len(writer.done)
         out = run_farm(e, "shards", "move", f"{SHARDS[0]}-{SHARDS[-1]}", "--to", "PairM/PairS",
                        "--wait", "--rows-per-chunk", "1000", timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.returncode == 0, out.stderr[-1000:] + run_farm(e, "failed").stdout[-3000:]
         summary = json.loads(out.stdout.splitlines()[-1])
         assert len(writer.done) > at_start + 20  # the stores kept writing during the move
         writer.stop_at = len(writer.done) + 30  # and 30 more writes with the new map
