@@ -8,6 +8,7 @@ checkpoint never falls inside one.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -95,6 +96,8 @@ def stream(dsn: DSN, start: str, heartbeat: float = 1.0) -> Iterator[Change | Ma
     """Row changes of ``dsn``'s database from ``start`` on, a ``Mark`` after each
     transaction and when idle; blocks waiting for more. ``PurgedPositionError`` when the
     server no longer has ``start``."""
+    # its advice to log column names (binlog_row_metadata=FULL) is handled here: ``named``
+    logging.getLogger("pymysqlreplication").setLevel(logging.ERROR)
     conn = {"host": dsn.host, "port": dsn.port, "user": dsn.user, "passwd": dsn.password or ""}
     reader = BinLogStreamReader(
         connection_settings=conn, server_id=random.randint(10**6, 2**31), blocking=True,
