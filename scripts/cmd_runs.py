@@ -9,10 +9,13 @@ import time
 import click
 
 from jobs import recovery, runs, status
+from loaders.migration import follower
+from loaders.migration.legacy import LegacyReader
 from scripts.app import App
 from scripts.follow import finish
 from scripts.options import emit, farm_options
 from scripts.render import compact, echo_lines, runs_lines, status_lines
+from shardfarm.errors import FarmError
 
 
 @click.command("status")
@@ -24,6 +27,7 @@ def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None
     """Where runs stand: chunks done/total, rows/s, ETA, failures, workers, queue depths."""
     while True:
         view = status.farm_view(app.runtime, run_id)
+        view["sync"] = sync_view(app)
         if as_json:
             emit(view)
         else:
@@ -33,6 +37,19 @@ def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None
         if not watch:
             return
         time.sleep(2)
+
+
+def sync_view(app: App) -> dict | None:
+    """``farm sync``'s state, with its lag when the legacy server answers (else without)."""
+    if not app.runtime.ledger.sync_state.read():
+        return None
+    reader = LegacyReader(app.settings.legacy_dsn)
+    try:
+        return follower.status(app.runtime.ledger, reader)
+    except FarmError:
+        return follower.status(app.runtime.ledger, None)
+    finally:
+        reader.close()
 
 
 @click.command("runs")

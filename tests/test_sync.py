@@ -125,6 +125,9 @@ def test_sync_killed_between_apply_and_checkpoint_then_cutover_is_exact(
     status = run_farm(live, "sync", "status")
     doc = last_json(status.stdout)
     assert doc["lag_events"] == 0 and doc["run_id"] == run_id and doc["applied"]["users"] > 0
+    assert doc["quarantined"]["users"] and doc["leader"] is None  # stopped: nobody leads
+    farm_status = run_farm(live, "status")
+    assert "lag 0 transaction(s) / 0 s" in farm_status.stdout, farm_status.stdout
     sync = start_sync(live)
     try:
         cut = run_farm(live, "cutover", "--freeze", timeout=600)
