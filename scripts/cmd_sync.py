@@ -9,8 +9,8 @@ import socket
 import click
 
 from loaders.migration import follower
-from loaders.migration.legacy import LegacyReader
 from scripts.app import App
+from scripts.cmd_runs import sync_view
 from scripts.options import emit, farm_options
 from scripts.render import note
 from workers import cutover as cutting
@@ -45,11 +45,7 @@ def sync_group(ctx: click.Context, app: App, until_caught_up: bool) -> None:
 def sync_status(app: App) -> None:
     """Lag (seconds and transactions), keys applied per table, quarantine by reason, the
     leader and its host, as one JSON line."""
-    reader = LegacyReader(app.settings.legacy_dsn)
-    try:
-        emit(follower.status(app.runtime.ledger, reader))
-    finally:
-        reader.close()
+    emit(sync_view(app) or {"state": "never run"})
 
 
 @click.command("cutover")

@@ -42,7 +42,20 @@ def status_lines(view: dict) -> list[str]:
     lines.append(f"queues: {queues}")
     if "ledger" in view:
         lines.append(size_line(view["ledger"]))
+    if view.get("sync"):
+        lines.append(sync_line(view["sync"]))
     return lines
+
+
+def sync_line(doc: dict) -> str:
+    """``farm sync`` in one line: leader, lag, keys applied."""
+    if "run_id" not in doc:
+        return "sync: never run"
+    lag = (f"lag {doc['lag_events']} transaction(s) / {doc['lag_seconds']} s"
+           if "lag_events" in doc else "lag unknown (legacy server not reached)")
+    leader = f"{doc['leader']} on {doc['host']}" if doc["leader"] else "no leader"
+    applied = ", ".join(f"{t} {n}" for t, n in doc["applied"].items()) or "nothing yet"
+    return f"sync: {leader}, at {doc['position']}, {lag}, applied: {applied}"
 
 
 def _rows(done: int, expected: int | None) -> str:

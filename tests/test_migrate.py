@@ -35,7 +35,7 @@ def migrated(farm_env, settings, router, ledger, server_b, map_path):
     workers = start_workers({**farm_env, "FARM_LEASE_SECONDS": "10"}, 2)
     try:
         out = run_farm(farm_env, "migrate", "--chunk-size", "700", "--wait", timeout=600)
-        assert out.returncode == 0, out.stderr + out.stdout
+        assert out.returncode == 0, out.stderr + out.stdout + run_farm(farm_env, "failed").stdout
         yield {"summary": last_json(out.stdout), "generated": generated, "workers": workers}
     finally:
         stop(workers)

@@ -8,6 +8,7 @@ checkpoint never falls inside one.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,9 +19,11 @@ from pymysqlreplication.event import HeartbeatLogEvent, MariadbGtidEvent, XidEve
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from loaders.migration.legacy import LegacyReader
+from loaders.migration.legacy_schema import LEGACY_COLUMNS
 from shardfarm.errors import ConfigError, FatalError
 from shardfarm.mysql.dsn import DSN
 
+UNSIGNED = 1 << 64
 PURGED = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position is no longer there
 HOW_TO_ENABLE = ("set log_bin=ON and binlog_format=ROW in its server config ([mysqld] "
                  "log_bin, binlog_format=ROW) and restart it")
@@ -93,6 +96,8 @@ def stream(dsn: DSN, start: str, heartbeat: float = 1.0) -> Iterator[Change | Ma
     """Row changes of ``dsn``'s database from ``start`` on, a ``Mark`` after each
     transaction and when idle; blocks waiting for more. ``PurgedPositionError`` when the
     server no longer has ``start``."""
+    # its advice to log column names (binlog_row_metadata=FULL) is handled here: ``named``
+    logging.getLogger("pymysqlreplication").setLevel(logging.ERROR)
     conn = {"host": dsn.host, "port": dsn.port, "user": dsn.user, "passwd": dsn.password or ""}
     reader = BinLogStreamReader(
         connection_settings=conn, server_id=random.randint(10**6, 2**31), blocking=True,
@@ -133,10 +138,23 @@ def _events(reader: BinLogStreamReader, pos: dict) -> Iterator[Change | Mark]:
 
 
 def _rows(ev) -> Iterator[Change]:
+    t = ev.table
     for row in ev.rows:
         if isinstance(ev, WriteRowsEvent):
-            yield Change(ev.table, None, row["values"])
+            yield Change(t, None, named(t, row["values"]))
         elif isinstance(ev, DeleteRowsEvent):
-            yield Change(ev.table, row["values"], None)
+            yield Change(t, named(t, row["values"]), None)
         else:
-            yield Change(ev.table, row["before_values"], row["after_values"])
+            yield Change(t, named(t, row["before_values"]), named(t, row["after_values"]))
+
+
+def named(table: str, values: dict) -> dict:
+    """A row image keyed by column name. Without ``binlog_row_metadata=FULL`` the server
+    logs no names (``UNKNOWN_COL0``, ...): the legacy schema's column order names them."""
+    cols = LEGACY_COLUMNS.get(table)
+    if cols is None:
+        return values
+    if not all(k in cols for k in values):
+        values = {cols[i]: v for i, v in enumerate(values.values()) if i < len(cols)}
+    # ...nor signedness: every integer column of the legacy schema is BIGINT UNSIGNED
+    return {k: v + UNSIGNED if isinstance(v, int) and v < 0 else v for k, v in values.items()}

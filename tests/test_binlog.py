@@ -1,0 +1,36 @@
+"""Binlog positions and row images as ``farm sync`` reads them (pure functions), and the
+keys a batch of changes touches."""
+
+from loaders.migration import binlog
+from loaders.migration.sync import Changes
+
+
+def test_positions_parse_render_and_count_what_is_behind():
+    pos = binlog.parse("0-7-26,1-9-3")
+    assert pos == {0: (7, 26), 1: (9, 3)}
+    assert binlog.render(pos) == "0-7-26,1-9-3"
+    assert binlog.behind("0-7-20", "0-7-26,1-9-3") == 9
+    assert binlog.behind("0-7-26,1-9-3", "0-7-26,1-9-3") == 0
+    assert binlog.behind("", "") == 0
+
+
+def test_unnamed_row_images_are_named_and_unsigned_by_the_legacy_schema():
+    image = {"UNKNOWN_COL0": -1, "UNKNOWN_COL1": 5, "UNKNOWN_COL2": None}
+    assert binlog.named("follows", image) == {"user_id": (1 << 64) - 1, "board_id": 5,
+                                              "created_at": None}
+    assert binlog.named("users", {"id": 3, "username": "a"}) == {"id": 3, "username": "a"}
+
+
+def test_changes_cascade_only_when_a_judged_column_changes():
+    c = Changes()
+    c.add("users", {"id": 1, "username": "a", "email": "x", "created_at": "2015-01-01"},
+          {"id": 1, "username": "a", "email": "y", "created_at": "2015-01-01"})
+    assert c.keys["users"] == {1} and not c.roots["users"]  # an e-mail: no dependents
+    c.add("users", {"id": 2, "username": "b", "created_at": "2015-01-01"},
+          {"id": 2, "username": None, "created_at": "2015-01-01"})
+    c.add("boards", None, {"id": 9, "user_id": 2, "created_at": None})
+    c.add("likes", {"user_id": 4, "pin_id": 5, "created_at": None}, None)
+    assert c.roots == {"users": {2}, "boards": {9}}
+    assert c.keys == {"users": {1, 2}, "boards": {9}, "likes": {4}}
+    c.add("elsewhere", None, {"id": 1})  # a table the migration does not read
+    assert c.rows() == 4
