@@ -24,7 +24,11 @@ def _id(shard: int, type_: int, local: int) -> int:
     return (shard << 46) | (type_ << 36) | local
 
 
-INTRUDER = _id(0, 3, 7)        # a user on shard 0 of the demo map, not from the demo's data
+# A user on shard 0 of the demo map, not from the demo's data: a local ID the shard allocated
+# (2**35 and up), so no legacy ID of a re-run's key ranges names it and the migration leaves
+# its rows alone.
+INTRUDER_LOCAL = 2**35 + 7
+INTRUDER = _id(0, 3, INTRUDER_LOCAL)
 FAR_BOARD = _id(100, 2, 5)     # a board on shard 100: not in the demo map
 
 
@@ -85,7 +89,7 @@ def _foreign_shard_rows(env: dict[str, str], port: int) -> None:
     out = run_farm(env, "shards", "init")
     assert out.returncode == 0, out.stderr
     _sql(port, "INSERT INTO db00000.users (local_id, data) VALUES "
-               "(7, '{\"username\": \"intruder\"}')",
+               f"({INTRUDER_LOCAL}, '{{\"username\": \"intruder\"}}')",
          "INSERT INTO db00000.user_follows_boards (from_id, to_id, sequence) "
          f"VALUES ({INTRUDER}, {FAR_BOARD}, 1)",
          "INSERT INTO db00002.boards (local_id, data) VALUES (3, '{\"name\": \"theirs\"}')")
