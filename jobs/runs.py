@@ -78,8 +78,8 @@ def _unchanged_parts(rt: Runtime, run_id: str, tables: list[str]) -> dict[str, i
     """Per table, the parts an export found intact and left as they were."""
     out = dict.fromkeys(tables, 0)
     for c in rt.ledger.chunk_counts(run_id):
-        if c.get("skipped") and c.get("table") in out:
-            out[c["table"]] += 1
+        if c.get("skipped") and c.get("table") in out:  # a chunk covers many parts
+            out[c["table"]] += int(c["skipped"])
     return out
 
 
