@@ -35,11 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pymysql
-import redis
 
 from benchmarks._bench import _stop_group as stop_group
 from benchmarks._server import ShardHostMariaDB
-from tests.servers import free_port
+from tests.servers import PrivateRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = 8
@@ -51,7 +50,6 @@ TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
 SERVER_OPTIONS = {"table_open_cache": "40000", "table_definition_cache": "40000",
                   "innodb_buffer_pool_size": "1G"}
 TIMEOUT = 3600.0
-REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 
 
 def say(message: str) -> None:
@@ -81,43 +79,6 @@ def shard_map(ports: tuple[int, int]) -> dict:
     return {"version": 1, "hosts": hosts, "shards": ranges(SHARDS_PER_PAIR),
             "open": [[0, SHARDS - 1]],
             "mod": {"buckets": BUCKETS, "ranges": ranges(per_bucket)}}
-
-
-@dataclass
-class PrivateRedis:
-    """A ``redis-server`` on a free port, no persistence; ``stop()`` ends it."""
-
-    port: int
-    proc: subprocess.Popen
-
-    @classmethod
-    def start(cls, workdir: Path) -> PrivateRedis:
-        """Start it and wait until it answers."""
-        port = free_port()
-        proc = subprocess.Popen([REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(port),
-                                 "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        server, deadline = cls(port, proc), time.monotonic() + 10
-        while True:
-            try:
-                redis.Redis(port=port).ping()
-                return server
-            except redis.RedisError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    server.stop()
-                    raise RuntimeError("private redis-server did not start") from None
-                time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        """``redis://127.0.0.1:PORT/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        """Terminate it."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
 
 
 @dataclass
@@ -214,7 +175,7 @@ def _start_servers(**overrides: str) -> tuple[ShardHostMariaDB, ShardHostMariaDB
 def _environment(servers: tuple, red: PrivateRedis, map_path: Path, workdir: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     port = servers[0].port
-    env.update({"FARM_SHARDMAP": str(map_path), "FARM_REDIS_URL": red.url,
+    env.update({"FARM_SHARDMAP": str(map_path), "FARM_REDIS_URL": red.url(),
                 "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:{port}/farm_control",
                 "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:{port}/legacy",
                 "FARM_EXPORT_URL": f"file://{workdir / 'exports'}",
@@ -249,7 +210,7 @@ def fleet(users: int | None = 1500, *, workers: int = 2, seed: int = 1,
     servers = _start_servers(**server_options)
     red = None
     try:
-        red = PrivateRedis.start(workdir)
+        red = PrivateRedis.start()
         map_path = workdir / "shardmap.json"
         map_path.write_text(json.dumps(shard_map((servers[0].port, servers[1].port)), indent=1))
         f = Fleet(servers, red, workdir, map_path, _environment(servers, red, map_path, workdir))
