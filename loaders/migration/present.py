@@ -121,11 +121,17 @@ def mapped_ids(router: Router, type_name: str, sel: Selection) -> dict[int, int]
     return {int(legacy): int(new) for legacy, new in rows}
 
 
+def _active_slots(s: int, name: str, sel: Selection) -> tuple[str, list]:
+    """The statement reading shard ``s``'s active rows of ``name`` whose local IDs ``sel``
+    selects, as ``(shard, local_id, data)``."""
+    cond, params = sel.where("local_id")
+    return (f"SELECT {s}, local_id, data FROM {shard_table(s, name)} "
+            f"WHERE active = 1 AND {cond}", params)
+
+
 def _slots_small(router: Router, name: str, type_id: int, sel: Selection) -> list[tuple]:
     def part(s: int) -> tuple[str, list]:
-        cond, params = sel.where("local_id")
-        return (f"SELECT {s}, local_id, data FROM {shard_table(s, name)} "
-                f"WHERE active = 1 AND {cond}", params)
+        return _active_slots(s, name, sel)
     return [(ids.encode(s, type_id, local), local, data)
             for s, local, data in shard_read(router, part)]
 
@@ -137,9 +143,7 @@ def _slots_by_id(router: Router, name: str, new_ids: list[int]) -> list[tuple]:
     sels = {s: Selection.of(v) for s, v in by_shard.items()}
 
     def part(s: int) -> tuple[str, list]:
-        cond, params = sels[s].where("local_id")
-        return (f"SELECT {s}, local_id, data FROM {shard_table(s, name)} "
-                f"WHERE active = 1 AND {cond}", params)
+        return _active_slots(s, name, sels[s])
     rows = union_read(router, sorted(sels), router.host_for, part)
     type_id = next(iter(new_ids)) >> ids.TYPE_SHIFT & ids.MAX_TYPE if new_ids else 0
     return [(ids.encode(s, type_id, local), local, data) for s, local, data in rows]
