@@ -151,6 +151,13 @@ def _mapping_group_sql(table: str, shard: int) -> str:
             "ORDER BY from_id")
 
 
+def _cut(joined: bytes, rows: int) -> bool:
+    """Whether the server cut ``rows`` joined lines at ``GROUP_MAX``: a line missing, or the
+    last one cut short (its line count still matches; the lines are ASCII, so a cut string
+    is exactly ``GROUP_MAX`` bytes long; one that fits exactly is merely read again)."""
+    return len(joined) >= GROUP_MAX or joined.count(b"\n") + 1 != rows
+
+
 def mapping_lines(conn: pymysql.Connection, table: str, shard: int
                   ) -> Iterator[tuple[bytes, int]]:
     """Mapping-table JSON Lines, the server joining each from ID's lines into one row
@@ -162,8 +169,8 @@ def mapping_lines(conn: pymysql.Connection, table: str, shard: int
         cur.execute(f"SET SESSION group_concat_max_len = {GROUP_MAX}")
         cur.execute(_mapping_group_sql(table, shard))
         while rows := cur.fetchmany(GROUP_ROWS):
-            whole = [r for r in rows if r[2].count(b"\n") + 1 == r[0]]  # else: cut at the cap
-            big += [int(r[1]) for r in rows if r[2].count(b"\n") + 1 != r[0]]
+            whole = [r for r in rows if not _cut(r[2], r[0])]
+            big += [int(r[1]) for r in rows if _cut(r[2], r[0])]
             if whole:
                 yield b"\n".join([r[2] for r in whole]) + b"\n", sum(r[0] for r in whole)
     sql, _ = _mapping_line_sql(table, shard)
