@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from farmcore.ledger import ChunkSpec, Outcome
-from tests.conftest import ROOT
-from tests.farmkit import until
+from tests.farmkit import output, spawn, until
 from tests.servers import free_port
 
 TOKEN = "s3cret-dashboard-token-for-tests"
@@ -47,15 +46,13 @@ def dashboard(env: dict, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
     """``farm dashboard --bind 127.0.0.1:<free port> ARGS``; yields its URL and process,
     stopped after (its output kept in ``proc.output``)."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "scripts", "dashboard", "--bind",
-                             f"127.0.0.1:{port}", *args], env=env, cwd=ROOT,
-                            start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = spawn([sys.executable, "-m", "scripts", "dashboard", "--bind", f"127.0.0.1:{port}",
+                  *args], env)
     url = f"http://127.0.0.1:{port}/"
     try:
         until(lambda: proc.poll() is not None or answers(url), timeout=30,
               what="the dashboard to answer")
-        assert proc.poll() is None, f"dashboard exited: {proc.stdout.read()}"
+        assert proc.poll() is None, f"dashboard exited: {output(proc)}"
         yield url, proc
     finally:
         if proc.poll() is None:
@@ -65,7 +62,8 @@ def dashboard(env: dict, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        proc.output = proc.stdout.read()
+        proc.output = output(proc)
+        proc.log.close()
 
 
 def make_run(ledger, done=1, failed=0, pending=2, rows=100, quarantined=()):

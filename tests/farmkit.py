@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -24,11 +25,27 @@ def until(cond: Callable[[], object], timeout: float = 60, every: float = 0.2,
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def spawn(argv: list[str], env: dict, **kwargs: object) -> subprocess.Popen:
+    """``argv`` as a real subprocess in its own process group, its output (stdout and stderr)
+    kept in an unnamed temp file (``output``). Never a pipe read only at the end: a worker
+    logging more than a pipe holds (64 KiB) would block on its next line until then."""
+    log = tempfile.TemporaryFile(mode="w+", prefix="farm-proc-")  # noqa: SIM115 - see output
+    proc = subprocess.Popen(argv, env=env, cwd=ROOT, start_new_session=True, stdout=log,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+    proc.log = log
+    return proc
+
+
+def output(proc: subprocess.Popen) -> str:
+    """What a ``spawn``ed process wrote so far."""
+    proc.log.seek(0)
+    return proc.log.read()
+
+
 def start_workers(env: dict, count: int, *extra: str) -> subprocess.Popen:
     """``farm workers --count N`` as a real subprocess (its own process group)."""
-    return subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count", str(count),
-                             *extra], env=env, cwd=ROOT, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return spawn([sys.executable, "-m", "scripts", "workers", "--count", str(count), *extra],
+                 env)
 
 
 def children(pid: int) -> list[int]:
@@ -47,4 +64,6 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> str:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return proc.stdout.read() if proc.stdout else ""
+    out = output(proc)
+    proc.log.close()
+    return out

@@ -106,6 +106,7 @@ def export_frozen(ctx, table: str, freeze_once: str, part_size: int = 0, **shard
     rename or the upload's completion and anything those do first."""
     import os
     import signal
+    import threading
 
     from exporters import destinations, s3
     from exporters import export as exporter
@@ -120,7 +121,10 @@ def export_frozen(ctx, table: str, freeze_once: str, part_size: int = 0, **shard
                     return publish(self)
                 os.write(fd, str(os.getpid()).encode())
                 os.close(fd)
-                os.kill(os.getpid(), signal.SIGSTOP)
+                # to this thread: a process-directed SIGSTOP is taken by the main thread,
+                # and a publishing thread of the pool ran on past it into its fence and
+                # upload until the main thread got to stopping the process
+                signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
             return publish(self)
         wrapped.frozen = True
         return wrapped
