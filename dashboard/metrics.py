@@ -31,6 +31,7 @@ class LedgerCollector(Collector):
         board = self.reader.board(limit=RUNS_EXPORTED)
         yield from run_families(board)
         yield from farm_families(board)
+        yield from sync_families(board.sync)
         yield export_family(self.calendar)
 
 
@@ -99,6 +100,27 @@ def farm_families(board: Board) -> Iterator[Metric]:
         if h["desired"] is not None:
             desired.add_metric([host], h["desired"])
     yield from (*depth.values(), workers, desired)
+
+
+def sync_families(doc: dict | None) -> Iterator[Metric]:
+    """``farm sync``: lag behind the legacy server (while it answers), keys applied per
+    table, and whether a leader holds the lease. Nothing before the first sync."""
+    if not doc:
+        return
+    leading = GaugeMetricFamily("shardfarm_sync_leader", "1 while a farm sync process holds "
+                                "the lease.")
+    leading.add_metric([], int(bool(doc["leader"])))
+    applied = CounterMetricFamily("shardfarm_sync_applied_keys", "Legacy keys farm sync "
+                                  "applied to the target, per legacy table.", labels=["table"])
+    for table, n in sorted(doc["applied"].items()):
+        applied.add_metric([table], n)
+    yield from (leading, applied)
+    if "lag_events" in doc:
+        yield GaugeMetricFamily("shardfarm_sync_lag_transactions", "Legacy binlog transactions "
+                                "farm sync has not applied yet.", value=doc["lag_events"])
+        yield GaugeMetricFamily("shardfarm_sync_lag_seconds", "Seconds since the legacy "
+                                "change farm sync last checkpointed (0 when caught up).",
+                                value=doc["lag_seconds"])
 
 
 def export_family(calendar: Calendar) -> Metric:

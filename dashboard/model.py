@@ -21,6 +21,7 @@ from farmcore import keys
 from farmcore.progress import RunProgress, read_progress
 from jobs import status
 from jobs.runtime import Runtime
+from loaders.migration import follower
 
 FINISHED = ("done", "failed")
 FRESH_SECONDS = 1.5  # an active run is read again after this, or 3x its last read's time
@@ -28,6 +29,7 @@ RUN_COLUMNS = ("run_id", "kind", "status", "paused", "total_chunks", "created_at
                "finished_at")
 KEEP_FINISHED = 5000  # finished runs' figures kept at most
 CHARTED = 10  # the newest runs drawn with a chart (and every active one)
+SYNC_SECONDS = 5.0  # ``farm sync``'s state (and the legacy server's position) read again after
 FAILURES_SHOWN = 10
 
 
@@ -63,6 +65,7 @@ class Board:
     workers: dict[str, dict]
     queues: dict[str, dict]
     at: datetime
+    sync: dict | None = None  # ``farm sync status``; None before the first sync
 
 
 class Reader:
@@ -72,6 +75,7 @@ class Reader:
         self.rt = rt
         self._kept: dict[str, tuple[tuple, RunCard]] = {}
         self._fresh: dict[str, tuple[float, RunCard]] = {}
+        self._sync: tuple[float, dict | None] = (-1.0, None)
 
     def board(self, limit: int = 50, kind: str | None = None, offset: int = 0) -> Board:
         """The newest ``limit`` runs (of ``kind``, after skipping ``offset``) with their
@@ -82,7 +86,16 @@ class Reader:
         self._throttles([c for c in cards if c.active])
         (now,), = self.rt.ledger.pool.query("SELECT NOW(3)")
         return Board(cards, self.workers([c for c in cards if c.active]),
-                     status.queues_view(self.rt), now)
+                     status.queues_view(self.rt), now, self.sync())
+
+    def sync(self) -> dict | None:
+        """``farm sync``'s leader, position, lag and keys applied, read again at most every
+        ``SYNC_SECONDS`` (the lag asks the legacy server for its position)."""
+        read_at, doc = self._sync
+        if read_at < 0 or time.monotonic() - read_at >= SYNC_SECONDS:
+            doc = follower.view(self.rt.ledger, self.rt.settings.legacy_dsn)
+            self._sync = (time.monotonic(), doc)
+        return doc
 
     def run_rows(self, limit: int, kind: str | None = None, offset: int = 0) -> list[dict]:
         """The newest runs' rows alone (the ``runs`` table by its ``created_at`` index): a

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from scripts.app import App
 from scripts.cmd_shards import shards_group
+from scripts.confirm import go_ahead
 from scripts.follow import wait_with_progress
 from scripts.options import emit, farm_options
 from scripts.render import note
@@ -71,8 +70,10 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
     master, slave = _pair(to)
     if (dry_run or yes) and not drop_source:
         raise UsageError("--dry-run and --yes go with --drop-source")
-    if drop_source and not (yes or dry_run):
-        confirm_or_refuse(f"drop the source copies of shards {lo}-{hi} after the move")
+    if drop_source and not dry_run:  # asked before the move, not at its end
+        what = f"drop the source copies of shards {lo}-{hi} after the move"
+        go_ahead(lambda: ([what], {"drop_source": [lo, hi]}), dry_run=False, yes=yes,
+                 question="Move, then drop them?", refuse_off_terminal=True)
     rt = app.runtime
     follow = (lambda run_id: wait_with_progress(rt, run_id)) if wait else None
     summary, plan = capacity.move(rt, lo, hi, master, slave, rows_per_range=rows_per_chunk,
@@ -81,14 +82,6 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
         dropped = capacity.drop_sources(rt, plan, grace, dry_run, notice=note)
         summary["would_drop" if dry_run else "dropped"] = dropped
     emit(summary)
-
-
-def confirm_or_refuse(what: str) -> None:
-    """Ask on a terminal; elsewhere refuse without ``--yes`` (one line, exit 2)."""
-    if not sys.stdin.isatty():
-        raise UsageError(f"refusing to {what} without --yes (or see it first with --dry-run)")
-    if not click.confirm(f"{what}?", default=False, err=True):
-        raise UsageError("not confirmed; nothing dropped")
 
 
 @shards_group.command("promote")

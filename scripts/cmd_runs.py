@@ -12,12 +12,10 @@ from farmcore import ledger_size, prune
 from farmcore.ledger_size import size_line
 from jobs import recovery, runs, status
 from loaders.migration import follower
-from loaders.migration.legacy import LegacyReader
 from scripts.app import App
 from scripts.follow import finish, show_summary
 from scripts.options import AS_JSON, emit, farm_options, shared_flags
 from scripts.render import compact, echo_lines, runs_lines, status_lines
-from shardfarm.errors import FarmError
 
 
 @click.command("status")
@@ -43,15 +41,7 @@ def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None
 
 def sync_view(app: App) -> dict | None:
     """``farm sync``'s state, with its lag when the legacy server answers (else without)."""
-    if not app.runtime.ledger.sync_state.read():
-        return None
-    reader = LegacyReader(app.settings.legacy_dsn)
-    try:
-        return follower.status(app.runtime.ledger, reader)
-    except FarmError:
-        return follower.status(app.runtime.ledger, None)
-    finally:
-        reader.close()
+    return follower.view(app.runtime.ledger, app.settings.legacy_dsn)
 
 
 @click.group("runs", invoke_without_command=True)

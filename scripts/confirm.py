@@ -2,8 +2,10 @@
 removes nothing; on a terminal the command asks first unless ``--yes``.
 
 Off a terminal (scripts, CI, cron) nothing is asked: the flag that names the removal
-(``--clean``, ``--replace``, ``--drop-source``) is the consent, as with ``dropdb`` or
-``rm -r``; ``--dry-run`` shows beforehand what it would do. Commands use ``DRY_RUN`` and
+(``--clean``, ``--replace``) is the consent, as with ``dropdb`` or ``rm -r``; ``--dry-run``
+shows beforehand what it would do. A removal that follows a long operation and takes the
+last copy of something (``shards move --drop-source``) is asked for before it starts and,
+off a terminal, needs ``--yes`` too (``refuse_off_terminal``). Commands use ``DRY_RUN`` and
 ``YES`` as options and ``go_ahead`` before removing anything.
 """
 
@@ -16,7 +18,7 @@ import click
 
 from scripts.options import emit
 from scripts.render import echo_lines
-from shardfarm.errors import FatalError
+from shardfarm.errors import FatalError, UsageError
 
 DRY_RUN = click.option("--dry-run", is_flag=True,
                        help="Say exactly what would be removed, remove nothing, exit 0.")
@@ -34,14 +36,19 @@ def asks() -> bool:
 
 
 def go_ahead(describe: Callable[[], tuple[list[str], dict]], *, dry_run: bool, yes: bool,
-             question: str = "Remove all of this?") -> bool:
+             question: str = "Remove all of this?", refuse_off_terminal: bool = False) -> bool:
     """Before a removal. ``describe()`` gives what would go, as lines and as JSON; it is only
     called when needed (it may count rows).
 
     With ``dry_run``: print the lines (off a terminal, the JSON as a last line too) and
     return False. On a terminal without ``yes``: show them and ask; ``NotConfirmedError``
-    unless the answer is yes. Otherwise (or when nothing would go) return True at once.
+    unless the answer is yes. Otherwise (or when nothing would go) return True at once;
+    but with ``refuse_off_terminal``, off a terminal without ``yes``: ``UsageError``.
     """
+    if not dry_run and not yes and not asks() and refuse_off_terminal:
+        lines, _ = describe()
+        raise UsageError(f"refusing to {'; '.join(lines)} without --yes (or see it first "
+                         "with --dry-run)")
     if not dry_run and (yes or not asks()):
         return True
     lines, plan = describe()

@@ -11,11 +11,26 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from farmcore.ledger import ChunkSpec, Outcome
 from tests.farmkit import output, spawn, until
 from tests.servers import free_port
 
 TOKEN = "s3cret-dashboard-token-for-tests"
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """``(sample name, sorted labels) -> value`` of one scrape of a ``/metrics`` page."""
+    status, text = get(url)
+    assert status == 200, text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def labels(**kw: str) -> tuple:
+    """A sample's labels as ``scrape`` keys them."""
+    return tuple(sorted(kw.items()))
 
 
 def get(url: str, data: bytes | None = None, headers: dict | None = None

@@ -37,9 +37,13 @@ def spawn(argv: list[str], env: dict, **kwargs: object) -> subprocess.Popen:
 
 
 def output(proc: subprocess.Popen) -> str:
-    """What a ``spawn``ed process wrote so far."""
-    proc.log.seek(0)
-    return proc.log.read()
+    """What a ``spawn``ed process wrote so far (a process started otherwise: what its stdout
+    pipe holds, if it has one)."""
+    log = getattr(proc, "log", None)
+    if log is None:
+        return proc.stdout.read() if proc.stdout else ""
+    log.seek(0)
+    return log.read()
 
 
 def start_workers(env: dict, count: int, *extra: str) -> subprocess.Popen:
@@ -65,5 +69,6 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> str:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     out = output(proc)
-    proc.log.close()
+    if getattr(proc, "log", None) is not None:
+        proc.log.close()
     return out

@@ -80,3 +80,20 @@ def test_yes_and_scripts_are_not_asked(legacy_env):
 def test_dry_run_needs_the_flag_it_previews(legacy_env):
     out = run_farm(legacy_env, "legacy", "generate", "--users", "5", "--dry-run")
     assert out.returncode == 2 and "--dry-run goes with --replace" in out.stderr
+
+
+def test_a_move_that_drops_its_source_is_asked_before_it_starts(farm_env, ledger):
+    """``shards move --drop-source``: a terminal is asked before anything is copied, 'n'
+    starts no run; a script without --yes is refused in one line (exit 2)."""
+    def moves() -> int:
+        return ledger.pool.query("SELECT COUNT(*) FROM runs WHERE kind = 'shardmove'")[0][0]
+    before = moves()
+    tty = Tty(farm_env, "shards", "move", "0-1", "--to", "TestB1/TestB2", "--drop-source")
+    tty.expect("Move, then drop them? [y/N]")
+    assert "drop the source copies of shards 0-1 after the move" in tty.plain
+    tty.send("n\n")
+    assert tty.wait() == 1 and "not confirmed: nothing was removed" in tty.plain
+    out = run_farm(farm_env, "shards", "move", "0-1", "--to", "TestB1/TestB2", "--drop-source")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "without --yes" in out.stderr
+    assert moves() == before

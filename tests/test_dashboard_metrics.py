@@ -11,24 +11,15 @@ import socket
 import pymysql
 import pytest
 import redis
-from prometheus_client.parser import text_string_to_metric_families
 
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from tests.conftest import SHARDS_A, ns_db, run_farm
-from tests.dashkit import dashboard, get, make_run
+from tests.dashkit import dashboard, labels, make_run, scrape
 from tests.farmkit import children, start_workers, stop, until
 from tests.servers import free_port
 
 pytestmark = pytest.mark.usefixtures("park_leftover_runs")
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """``(sample name, sorted labels) -> value`` of one scrape."""
-    status, text = get(url)
-    assert status == 200, text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def sql(query: str, *params) -> list[tuple]:
@@ -40,10 +31,6 @@ def sql(query: str, *params) -> list[tuple]:
             return list(cur.fetchall())
     finally:
         conn.close()
-
-
-def labels(**kw: str) -> tuple:
-    return tuple(sorted(kw.items()))
 
 
 def test_dashboard_metrics_match_the_ledger(rt, env, tmp_path):

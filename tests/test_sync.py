@@ -14,6 +14,7 @@ import redis
 from tests import faults
 from tests.conftest import run_farm
 from tests.contract_checker import check_migration
+from tests.dashkit import dashboard, get, labels, scrape
 from tests.farmkit import start_workers, stop
 from tests.migratekit import last_json, quarantine_rows, truncate_target
 from tests.servers import PrivateMariaDB
@@ -128,6 +129,17 @@ def test_sync_killed_between_apply_and_checkpoint_then_cutover_is_exact(
     assert doc["quarantined"]["users"] and doc["leader"] is None  # stopped: nobody leads
     farm_status = run_farm(live, "status")
     assert "lag 0 transaction(s) / 0 s" in farm_status.stdout, farm_status.stdout
+    with dashboard(live) as (url, _):
+        code, page = get(url + "fragment")
+        metrics = scrape(url + "metrics")
+    assert code == 200 and 'id="sync-lag">0 transaction(s) / 0 s' in page, page[-3000:]
+    (raw,), = ledger.pool.query("SELECT applied FROM sync_state")
+    applied = json.loads(raw)
+    assert applied["users"] > 0 and f"users {applied['users']:,}" in page
+    for table, n in applied.items():
+        assert metrics[("shardfarm_sync_applied_keys_total", labels(table=table))] == n
+    assert metrics[("shardfarm_sync_lag_transactions", ())] == 0
+    assert metrics[("shardfarm_sync_leader", ())] == 0  # stopped: nobody leads
     sync = start_sync(live)
     try:
         cut = run_farm(live, "cutover", "--freeze", timeout=600)

@@ -21,7 +21,8 @@ from farmcore.ledger import Ledger
 from loaders.migration import binlog, sync
 from loaders.migration.binlog import Change
 from loaders.migration.legacy import LegacyReader
-from shardfarm.errors import ConfigError, FencedError
+from shardfarm.errors import ConfigError, FarmError, FencedError
+from shardfarm.mysql.dsn import DSN
 from shardfarm.settings import Settings
 from sharding.fencing import FenceToken
 from sharding.router import Router
@@ -142,3 +143,17 @@ def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
         quarantined.setdefault(table, {})[reason] = n
     out["quarantined"] = quarantined
     return out
+
+
+def view(ledger: Ledger, legacy_dsn: DSN) -> dict | None:
+    """``status``, with the lag when the legacy server answers (else without it); ``None``
+    before the first sync."""
+    if not ledger.sync_state.read():
+        return None
+    reader = LegacyReader(legacy_dsn)
+    try:
+        return status(ledger, reader)
+    except FarmError:
+        return status(ledger, None)
+    finally:
+        reader.close()
