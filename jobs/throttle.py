@@ -1,6 +1,7 @@
 """Slow a run down while a target server is busy (``Threads_running`` above a limit) or a
 slave lags (``Seconds_Behind_Master`` above the run's ``max_lag``, like gh-ost's
-``--max-lag-millis``): its chunks wait and ``farm status`` says THROTTLED, host and lag."""
+``--max-lag-millis``; only the slaves of what the run writes when it names them,
+``lag_hosts``): its chunks wait and ``farm status`` says THROTTLED, host and lag."""
 
 from __future__ import annotations
 
@@ -64,11 +65,21 @@ def slave_lag(rt: Runtime, host: Host) -> float | None:
     return lag
 
 
+def watched_slaves(rt: Runtime, run: dict) -> list[Host]:
+    """The slaves whose lag holds ``run`` back: those its params name (``lag_hosts``: the
+    slaves of the servers it writes, e.g. a move's new pair), else every slave of the map."""
+    names = run["params"].get("lag_hosts")
+    if not names:
+        return list(rt.router.servers("slave").values())
+    hosts = rt.router.shardmap.hosts
+    return [hosts[n] for n in names if n in hosts]
+
+
 def _lagging(rt: Runtime, run: dict) -> str | None:
     max_lag = float(run["params"].get("max_lag") or 0)
     if not max_lag:
         return None
-    for host in rt.router.servers("slave").values():
+    for host in watched_slaves(rt, run):
         lag = slave_lag(rt, host)
         if lag is not None and lag > max_lag:
             return f"{host.name} lag {lag:g} s > {max_lag:g} s"

@@ -8,7 +8,7 @@ from scripts.app import App
 from scripts.cmd_shards import shards_group
 from scripts.confirm import go_ahead
 from scripts.follow import wait_with_progress
-from scripts.options import emit, farm_options
+from scripts.options import MAX_LAG, emit, farm_options
 from scripts.render import note
 from shardfarm.errors import UsageError
 from sharding.fleet import fleet_status
@@ -48,8 +48,7 @@ def _pair(text: str) -> tuple[str, str]:
 @click.option("--wait", is_flag=True, help="Show the copy's progress until it ends.")
 @click.option("--rows-per-chunk", default=100_000, show_default=True,
               type=click.IntRange(min=1000), help="Rows per copy chunk.")
-@click.option("--max-lag", type=click.FloatRange(min=0, min_open=True), default=None,
-              metavar="SECONDS", help="Copy chunks wait while a slave lags more than this.")
+@MAX_LAG
 @click.option("--drop-source", is_flag=True,
               help="After the flip and --grace seconds, drop the source copies.")
 @click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),

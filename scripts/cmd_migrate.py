@@ -9,7 +9,7 @@ import click
 from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.follow import finish, wait_with_progress
-from scripts.options import AS_JSON, emit, farm_options
+from scripts.options import AS_JSON, MAX_LAG, emit, farm_options
 from scripts.render import echo_lines, mismatch_lines, note
 from scripts.summaries import for_people, verify_line
 from workers import launch
@@ -19,15 +19,17 @@ from workers import launch
 @click.option("--chunk-size", default=migration.DEFAULT_CHUNK_ROWS, show_default=True,
               type=click.IntRange(min=1), help="Legacy rows per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@MAX_LAG
 @AS_JSON
 @farm_options
-def migrate(app: App, chunk_size: int, wait: bool, as_json: bool) -> None:
+def migrate(app: App, chunk_size: int, wait: bool, max_lag: float | None,
+            as_json: bool) -> None:
     """Load the whole legacy database into the shards as one resumable run.
 
     Prints {"run_id", "status", "loaded", "quarantined", "failed_chunks"} as the
     last line (at once without --wait). Workers ('farm workers') do the loading.
     """
-    run_id = launch.migrate(app.runtime, chunk_size, notice=note)
+    run_id = launch.migrate(app.runtime, chunk_size, notice=note, max_lag=max_lag)
     finish(app, run_id, wait, as_json)
 
 

@@ -7,7 +7,7 @@ import click
 from loaders.mappings import reverse as reverser
 from scripts.app import App
 from scripts.follow import finish
-from scripts.options import AS_JSON, emit, farm_options
+from scripts.options import AS_JSON, MAX_LAG, emit, farm_options
 from scripts.render import note
 from sharding import hotspot, ids
 from workers import launch
@@ -18,16 +18,18 @@ from workers import launch
 @click.option("--chunk-size", default=reverser.DEFAULT_CHUNK_ROWS, show_default=True,
               type=click.IntRange(min=1), help="Forward rows per chunk.")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@MAX_LAG
 @AS_JSON
 @farm_options
-def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool, as_json: bool) -> None:
+def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool,
+            max_lag: float | None, as_json: bool) -> None:
     """Rebuild reverse mapping tables (default: all of them) from their forward tables.
 
     pin_owned_by_board <- board_has_pins, board_followedby_users <-
     user_follows_boards, pin_liked_by_users <- user_likes_pins. Hot boards'
     followers go where the hotspot directory says.
     """
-    run_id = launch.reverse(app.runtime, list(tables), chunk_size, notice=note)
+    run_id = launch.reverse(app.runtime, list(tables), chunk_size, notice=note, max_lag=max_lag)
     finish(app, run_id, wait, as_json)
 
 
@@ -38,15 +40,18 @@ def reverse(app: App, tables: tuple[str, ...], chunk_size: int, wait: bool, as_j
 @click.option("--spread", default=4, show_default=True, type=click.IntRange(min=2),
               help="Shards to spread each hot board over (spread across servers).")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
+@MAX_LAG
 @AS_JSON
 @farm_options
-def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool, as_json: bool) -> None:
+def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool,
+              max_lag: float | None, as_json: bool) -> None:
     """Spread hot mappings over several shards through the hotspot directory, online.
 
     Each hot board goes planned -> copying -> active -> cleaned; a run that dies
     at any step is completed by running the command again.
     """
-    run_id = launch.rebalance(app.runtime, table, threshold, spread, notice=note)
+    run_id = launch.rebalance(app.runtime, table, threshold, spread, notice=note,
+                              max_lag=max_lag)
     finish(app, run_id, wait, as_json)
 
 

@@ -28,6 +28,12 @@ ALLOW_MODULE = click.option(
          "replaces FARM_JOB_MODULES when given. [env: FARM_JOB_MODULES]")
 
 
+MAX_LAG = click.option(
+    "--max-lag", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+    help="The run's chunks wait while a slave of a shard it writes lags more than this "
+         "(farm status says THROTTLED, with the host and its lag).")
+
+
 AS_JSON = click.option(
     "--json", "as_json", is_flag=True,
     help="Print the JSON summary line even on a terminal (off a terminal it always is).")

@@ -1,5 +1,6 @@
-"""Throttle on replica lag: a run with ``max_lag`` waits while a slave of the map lags, and
-``farm status`` says THROTTLED with the host and the lag."""
+"""Throttle on replica lag: a run with ``max_lag`` waits while a slave of the map lags (or,
+when it names them, one of the slaves of what it writes), and ``farm status`` says
+THROTTLED with the host and the lag."""
 
 from __future__ import annotations
 
@@ -30,6 +31,15 @@ def test_a_run_waits_while_a_slave_lags(repl_pair, server_b, env, rt, tmp_path):
     e = {**env, "FARM_SHARDMAP": str(path)}
     repl_pair.slave.sql("STOP SLAVE SQL_THREAD")  # the slave falls behind from now on
     try:
+        assert "TestB2" in doc["hosts"] and "PairS" in doc["hosts"]
+        elsewhere = runs.start(rt, "test", "tests.kinds.write_edges",
+                               [ChunkSpec("edges", {"shard": SHARD, "start": 100, "count": 5})],
+                               params={"max_lag": 2, "lag_hosts": ["TestB2"]})
+        proc = start_workers(e, 1)
+        try:  # a run that names the slaves it writes is not held back by another one
+            assert runs.wait(rt, elsewhere, timeout=90) == "done"
+        finally:
+            stop(proc)
         run_id = runs.start(rt, "test", "tests.kinds.write_edges",
                             [ChunkSpec("edges", {"shard": SHARD, "start": 1, "count": 10})],
                             params={"max_lag": 2})

@@ -30,7 +30,7 @@ def _copy_run(rt: Runtime, p: capmove.MovePlan, max_lag: float | None) -> str:
             if run["status"] != "done":
                 runs.retry_failed(rt, run_id)
             return run_id
-    extra = {"max_lag": max_lag} if max_lag else {}
+    extra = {"max_lag": max_lag, "lag_hosts": [p.slave]} if max_lag else {}  # it writes there
     return runs.start(rt, KIND, capcopy.HANDLER, p.chunks(), {**p.params, **extra})
 
 

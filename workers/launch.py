@@ -40,6 +40,11 @@ def warn_without_workers(rt: Runtime, notice: Notice) -> None:
         notice(NO_WORKERS)
 
 
+def _throttled(params: dict, max_lag: float | None) -> dict:
+    """``params`` with ``max_lag`` (``jobs.throttle``) when one is given."""
+    return {**params, "max_lag": max_lag} if max_lag else params
+
+
 def _ready(rt: Runtime, notice: Notice) -> None:
     """The databases are there; ``notice`` hears when no worker is."""
     preflight(rt.settings, rt.router)
@@ -47,11 +52,11 @@ def _ready(rt: Runtime, notice: Notice) -> None:
 
 
 def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
-            notice: Notice = _silent) -> str:
+            notice: Notice = _silent, max_lag: float | None = None) -> str:
     """Start the load of the whole legacy database into the shards as one run."""
     _ready(rt, notice)
     params, chunks = migration.plan(rt.settings, rt.router, rt.ledger, chunk_rows)
-    return runs.start(rt, "migrate", migration.HANDLER, chunks, params)
+    return runs.start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag))
 
 
 def migrate_run(rt: Runtime, run_id: str | None) -> dict:
@@ -144,16 +149,17 @@ def feeds(rt: Runtime, user_ids: list[int] | None, chunk_users: int, length: int
     return runs.start(rt, feeder.KIND, feeder.HANDLER, chunks, params)
 
 
-def reverse(rt: Runtime, tables: list[str], chunk_rows: int, notice: Notice = _silent) -> str:
+def reverse(rt: Runtime, tables: list[str], chunk_rows: int, notice: Notice = _silent,
+            max_lag: float | None = None) -> str:
     """Start the rebuild of reverse mapping ``tables`` (all: empty) from their forward ones."""
     _ready(rt, notice)
     params, chunks = reverser.plan(rt.router, tables, chunk_rows)
-    return runs.start(rt, "reverse", reverser.HANDLER, chunks, params)
+    return runs.start(rt, "reverse", reverser.HANDLER, chunks, _throttled(params, max_lag))
 
 
 def rebalance(rt: Runtime, table: str, threshold: int, spread: int,
-              notice: Notice = _silent) -> str:
+              notice: Notice = _silent, max_lag: float | None = None) -> str:
     """Start spreading the boards of ``table`` above ``threshold`` rows over ``spread`` shards."""
     _ready(rt, notice)
     params, chunks = rebalancer.plan(rt.router, table, threshold, spread)
-    return runs.start(rt, "rebalance", rebalancer.HANDLER, chunks, params)
+    return runs.start(rt, "rebalance", rebalancer.HANDLER, chunks, _throttled(params, max_lag))
