@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pymysql.cursors
 
@@ -112,6 +113,7 @@ def _writer(table: str, shard: int) -> Callable[[pymysql.cursors.Cursor, list[tu
 def copy_range(ctx: ChunkContext | None, router: Router, src: Host, dst: Host, shard: int,
                table: str, lo: Bound, hi: Bound, replace_all: bool = False) -> int:
     """Copy one range from ``src`` to ``dst`` (fenced when run by a chunk); returns rows.
+    Reading the next batch overlaps loading the last one.
 
     With ``replace_all`` the destination's range is emptied first, in the first batch's
     transaction (rows the source no longer has disappear)."""
@@ -130,11 +132,19 @@ def copy_range(ctx: ChunkContext | None, router: Router, src: Host, dst: Host, s
     def send(rows: list[tuple], first: bool) -> None:
         retried(lambda: router.connection(dst, shard, infile=True),
                 lambda cur: write(cur, rows, first), transaction=True, policy=router.policy)
-    for rows in _stream(router, src, shard, table, lo, hi):
-        send(rows, pending_delete)
-        pending_delete, n = False, n + len(rows)
-        if ctx is not None:
-            ctx.check()
+    # the source formats the next batch while the destination loads this one: one load in
+    # flight at a time (batches land in order), two batches in memory at most
+    with ThreadPoolExecutor(1, thread_name_prefix="copy-load") as loader:
+        loading: Future | None = None
+        for rows in _stream(router, src, shard, table, lo, hi):
+            if loading is not None:
+                loading.result()
+            loading = loader.submit(send, rows, pending_delete)
+            pending_delete, n = False, n + len(rows)
+            if ctx is not None:
+                ctx.check()
+        if loading is not None:
+            loading.result()
     if pending_delete:
         send([], True)
     return n
