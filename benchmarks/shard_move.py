@@ -108,6 +108,12 @@ def main() -> None:
         print(f"farm shards move:  {farm:.1f} s (froze writes {summary['frozen_seconds']} s, "
               f"{summary['rows']['pins'] + summary['rows']['user_has_pins']} rows)")
         print(f"farm phases (s): {summary['seconds']}")
+        spent = src.sql("SELECT kind, COUNT(*), SUM(seconds), SUM(rows_written) FROM "
+                        "farm_control.chunks WHERE run_id = %s AND rows_written > 0 "
+                        "GROUP BY kind", (summary["run_id"],))
+        print("copy chunks (worker seconds): " + ", ".join(
+            f"{kind} {n} chunk(s) {float(sec):.2f} s for {int(rows)} rows"
+            for kind, n, sec, rows in spent))
         print(f"ratio (reference / farm): {ref / farm:.2f}x")
     finally:
         src.stop()

@@ -54,3 +54,26 @@ def test_ranges_cover_the_table_in_pieces_of_the_asked_size(router, servers):
     spans = ranges(router, src, SHARD, "comments", 2)
     assert spans == [(None, 3), (3, 5), (5, None)]
     assert ranges(router, src, SHARD, "comments", 100) == [(None, None)]
+
+
+@pytest.mark.parametrize("cap", [1 << 20, 130, 97, 64])
+def test_mapping_lines_joined_by_the_server_or_cut_at_its_cap_all_arrive(router, servers,
+                                                                         monkeypatch, cap):
+    """A mapping range travels as each from ID's lines joined by the source server; from IDs
+    whose lines pass the cap (a line missing, or the last one cut short inside its digits)
+    are read again line by line: the copy is exact either way."""
+    from loaders.capacity import copy as copier
+    src, dst = servers
+    q = shard_table(SHARD, "user_has_pins")
+    edges = [(10_000 + u, 2**40 + 17 * u + k, 1_700_000_000 + k) for u in range(5)
+             for k in range(u + 1)]  # from IDs with 1 to 5 lines
+    router.run_on(src, lambda cur: (cur.execute(f"DELETE FROM {q}"), cur.executemany(
+        f"INSERT INTO {q} (from_id, to_id, sequence) VALUES (%s, %s, %s)", edges)), SHARD)
+    monkeypatch.setattr(copier, "GROUP_MAX", cap)
+    try:
+        assert copy_range(None, router, src, dst, SHARD, "user_has_pins", None, None,
+                          replace_all=True) == len(edges)
+        got = router.query(dst, f"SELECT from_id, to_id, sequence FROM {q}", (), SHARD)
+        assert sorted(got) == sorted(edges)
+    finally:
+        router.run_on(src, lambda cur: cur.execute(f"DELETE FROM {q}"), SHARD)

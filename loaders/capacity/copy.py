@@ -29,6 +29,7 @@ from sharding.schema import DIRECTORY_TABLES, MAPPING_TABLES, OBJECT_TABLES, sha
 
 HANDLER = "loaders.capacity.copy.copy_chunk"
 BATCH = 20_000
+GROUP_MAX = 4 * 1024 * 1024  # bytes of one from ID's lines joined by the server
 Bound = int | None
 
 COLUMNS: dict[str, tuple[str, ...]] = {
@@ -85,17 +86,58 @@ def _selected(table: str) -> str:
 
 
 def _stream(router: Router, host: Host, shard: int, table: str, lo: Bound, hi: Bound
-            ) -> Iterator[list[tuple]]:
-    """The range's rows from ``host`` in batches (one unbuffered read)."""
+            ) -> Iterator[tuple[list, int]]:
+    """The range's rows from ``host`` in batches of about ``BATCH`` rows (one unbuffered
+    read), each with its row count: a directory table's as tuples; an object table's as one
+    line of text each; a mapping table's as the lines of each from ID joined by the server
+    (``_joined``)."""
     where, args = _where(table, lo, hi)
+    if table in MAPPING_TABLES:
+        yield from _joined(router, host, shard, table, where, args)
+        return
     sql = f"SELECT {_selected(table)} FROM {shard_table(shard, table)}{where}"
     with router.connection(host, shard) as conn, conn.cursor(pymysql.cursors.SSCursor) as cur:
         cur.execute(sql, args)
         while batch := cur.fetchmany(BATCH):
-            yield list(batch)
+            yield [r if table in DIRECTORY_TABLES else r[0] + "\n" for r in batch], len(batch)
 
 
-def _writer(table: str, shard: int) -> Callable[[pymysql.cursors.Cursor, list[tuple]], None]:
+def _joined(router: Router, host: Host, shard: int, table: str, where: str, args: list
+            ) -> Iterator[tuple[list[str], int]]:
+    """A mapping range as text, the server joining each from ID's lines into one row
+    (``GROUP_CONCAT`` along the primary key, each line ending in a newline): the client
+    decodes a row per from ID, not per line. A from ID whose lines the server cut at
+    ``GROUP_MAX`` (a line missing, or the last one without its newline; or NULL, past the
+    server's ``max_allowed_packet``) is read again line by line after the rest."""
+    q, line = shard_table(shard, table), _selected(table)
+    sql = (f"SELECT COUNT(*), from_id, GROUP_CONCAT(CONCAT({line}, CHAR(10 USING utf8mb4)) "
+           f"SEPARATOR '') FROM {q}{where} GROUP BY from_id")
+    cut: list[int] = []
+    with router.connection(host, shard) as conn:
+        with conn.cursor(pymysql.cursors.SSCursor) as cur:
+            cur.execute(f"SET SESSION group_concat_max_len = {GROUP_MAX}")
+            cur.execute(sql, args)
+            batch, rows = [], 0
+            while groups := cur.fetchmany(max(1, BATCH // 64)):
+                for n, from_id, text in groups:
+                    if text is not None and text.endswith("\n") and text.count("\n") == n:
+                        batch.append(text)
+                        rows += n
+                    else:
+                        cut.append(int(from_id))
+                if rows >= BATCH:
+                    yield batch, rows
+                    batch, rows = [], 0
+            if batch:
+                yield batch, rows
+        for from_id in cut:
+            with conn.cursor(pymysql.cursors.SSCursor) as cur:
+                cur.execute(f"SELECT {line} FROM {q} WHERE from_id = %s", (from_id,))
+                while lines := cur.fetchmany(BATCH):
+                    yield [r[0] + "\n" for r in lines], len(lines)
+
+
+def _writer(table: str, shard: int) -> Callable[[pymysql.cursors.Cursor, list], None]:
     """How a batch goes in: ``LOAD DATA … REPLACE`` for object and mapping tables, a
     multi-row ``REPLACE`` for the small directory table."""
     cols, q = COLUMNS[table], shard_table(shard, table)
@@ -103,8 +145,8 @@ def _writer(table: str, shard: int) -> Callable[[pymysql.cursors.Cursor, list[tu
         sql = f"REPLACE INTO {q} ({', '.join(cols)}) VALUES ({', '.join(['%s'] * len(cols))})"
         return lambda cur, rows: cur.executemany(sql, rows)
 
-    def load(cur: pymysql.cursors.Cursor, rows: list[tuple]) -> None:
-        with temp_tsv("\n".join(r[0] for r in rows) + "\n") as path:
+    def load(cur: pymysql.cursors.Cursor, rows: list[str]) -> None:
+        with temp_tsv("".join(rows)) as path:
             cur.execute(f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE {q} CHARACTER SET "
                         f"utf8mb4 ({', '.join(cols)})", (path,))
     return load
@@ -121,7 +163,7 @@ def copy_range(ctx: ChunkContext | None, router: Router, src: Host, dst: Host, s
     put = _writer(table, shard)
     pending_delete, n = replace_all, 0
 
-    def write(cur: pymysql.cursors.Cursor, rows: list[tuple], first: bool) -> None:
+    def write(cur: pymysql.cursors.Cursor, rows: list, first: bool) -> None:
         if ctx is not None:
             fencing.check(cur, shard, ctx.token)
         if first:
@@ -129,18 +171,18 @@ def copy_range(ctx: ChunkContext | None, router: Router, src: Host, dst: Host, s
         if rows:
             put(cur, rows)
 
-    def send(rows: list[tuple], first: bool) -> None:
+    def send(rows: list, first: bool) -> None:
         retried(lambda: router.connection(dst, shard, infile=True),
                 lambda cur: write(cur, rows, first), transaction=True, policy=router.policy)
     # the source formats the next batch while the destination loads this one: one load in
     # flight at a time (batches land in order), two batches in memory at most
     with ThreadPoolExecutor(1, thread_name_prefix="copy-load") as loader:
         loading: Future | None = None
-        for rows in _stream(router, src, shard, table, lo, hi):
+        for rows, count in _stream(router, src, shard, table, lo, hi):
             if loading is not None:
                 loading.result()
             loading = loader.submit(send, rows, pending_delete)
-            pending_delete, n = False, n + len(rows)
+            pending_delete, n = False, n + count
             if ctx is not None:
                 ctx.check()
         if loading is not None:
