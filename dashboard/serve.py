@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 from waitress import create_server
 
+from dashboard import DEFAULT_BIND
 from dashboard.actions import Guard
 from dashboard.app import create_app
 from jobs.runtime import Runtime
 from shardfarm.errors import ConfigError, UsageError
 
 log = logging.getLogger(__name__)
-DEFAULT_BIND = "127.0.0.1:9181"
 TOKEN_ENV = "FARM_DASHBOARD_TOKEN"
 THREADS = 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dashboard.serve import DEFAULT_BIND, guard_from, serve
+from dashboard import DEFAULT_BIND
 from scripts.app import App
 from scripts.options import farm_options
 
@@ -21,6 +21,7 @@ from scripts.options import farm_options
 @farm_options
 def dashboard(app: App, bind: str, allow_actions: bool, token: str | None) -> None:
     """Serve the live dashboard (runs, workers, queues, exports) and Prometheus /metrics."""
+    from dashboard.serve import guard_from, serve  # Flask and waitress: only for this command
     guard = guard_from(allow_actions, token)
     serve(app.runtime, bind, guard,
           ready=lambda url: click.echo(f"dashboard on {url} (Ctrl-C stops it)", err=True))
