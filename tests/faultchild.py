@@ -124,8 +124,21 @@ def _sync(router, env: dict) -> None:
         ledger.close()
 
 
+def _move(router, env: dict, lo: int, hi: int, to: str) -> None:
+    """``farm shards move LO-HI --to MASTER/SLAVE`` (its own runtime; workers do the copy)."""
+    from jobs.runtime import Runtime
+    from shardfarm.settings import Settings
+    from workers import capacity
+    master, slave = to.split("/")
+    rt = Runtime(Settings.from_env(env))
+    try:
+        capacity.move(rt, lo, hi, master, slave, rows_per_range=1000)
+    finally:
+        rt.close()
+
+
 SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse,
-                                  "sync": _sync, "export": _export}
+                                  "sync": _sync, "export": _export, "move": _move}
 
 
 def main(argv: list[str]) -> int:

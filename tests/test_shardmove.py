@@ -135,3 +135,49 @@ def test_move_eight_shards_under_writes_loses_nothing(moved_map, repl_pair, env)
             assert _rows(repl_pair.slave.port, s, t) == new, (s, t)
     assert "Traceback" not in log
     print(summary, "writes:", len(writer.done), "retried:", writer.retried)
+
+
+def test_a_move_killed_while_freezing_finishes_when_run_again(moved_map, repl_pair, env,
+                                                               ledger, monkeypatch):
+    """Killed after freezing the first source shard (the map not flipped yet): that shard
+    refuses writes until the same move is run again, which resumes the same copy run,
+    catches up, flips and thaws; both copies then match exactly."""
+    from sharding import fencing
+    from tests import faults
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[0], SHARDS[1]
+    workers = start_workers(e, 2)
+    try:
+        monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
+        args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS"}
+        # steps 1-2: the new copies record the next version; 3: the first source frozen
+        assert faults.run_killed("move", args, 4) == -9
+        monkeypatch.delenv("FARM_FAULT_MATCH")
+        old = Router(ShardMapSource(moved_map, interval=0))
+        try:
+            assert old.shardmap.version == 1
+            states = [old.run_on(old.host_for(s), lambda cur, s=s: fencing.state(cur, s), s)
+                      for s in (lo, hi)]
+            assert states == [(0, True), (0, False)], states
+        finally:
+            old.close()
+        (killed_run,), = ledger.pool.query("SELECT run_id FROM runs WHERE kind = 'shardmove' "
+                                           "ORDER BY created_at DESC LIMIT 1")
+        out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS", "--wait",
+                       "--rows-per-chunk", "1000", timeout=300)
+    finally:
+        log = stop(workers)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["run_id"] == killed_run and summary["version"] == 2, summary
+    live = Router(ShardMapSource(moved_map, interval=0))
+    try:
+        assert [live.run_on(live.shardmap.hosts["TestA1"], lambda cur, s=s: fencing.state(cur, s),
+                            s) for s in (lo, hi)] == [(2, False), (2, False)]
+    finally:
+        live.close()
+    repl_pair.wait_caught_up()
+    for s in (lo, hi):
+        for t in TABLES:
+            assert _rows(3306, s, t) == _rows(repl_pair.master.port, s, t), (s, t)
+    assert "Traceback" not in log
