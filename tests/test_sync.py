@@ -1,8 +1,9 @@
 """``farm sync`` and ``farm cutover`` on a private mariadbd writing a ROW binlog with GTIDs:
 a write load (inserts, updates, deletes, cascading deletes, bad rows, rows made valid)
-runs while ``farm migrate`` and ``farm sync`` run; sync is SIGKILLed between an apply
-and its checkpoint; after ``farm cutover --freeze`` the target matches the independent
-checker exactly. Plus the one-line refusals (no binlog, a purged position)."""
+runs while ``farm migrate`` and ``farm sync`` run; a worker is SIGKILLed inside a chunk of
+the migration and sync between an apply and its checkpoint; after ``farm cutover
+--freeze`` the target matches the independent checker exactly. Plus the one-line
+refusals (no binlog, a purged position)."""
 
 import json
 import threading
@@ -98,15 +99,59 @@ def _exact(server, settings, map_path, run_id: str) -> list[str]:
                            quarantine_rows(control, run_id))
 
 
+def _kill_a_worker_inside_a_chunk(server, ledger, since) -> tuple[str, int]:
+    """Hold a write lock on the legacy ``likes`` table (its chunks come last) until a worker
+    is blocked reading it inside a chunk of the migration started after ``since``, SIGKILL
+    that worker, then release the lock: the chunk's lease expires and another worker runs
+    it again. Returns the chunk's ``(run_id, chunk_id)``."""
+    import os
+    import signal
+
+    def run_id() -> str | None:
+        rows = ledger.pool.query("SELECT run_id FROM runs WHERE kind = 'migrate' AND "
+                                 "created_at >= %s", (since,))
+        return rows[0][0] if rows else None
+    faults.wait_until(lambda: run_id() is not None, "the migrate run")
+    lock = server.connect()
+    try:
+        with lock.cursor() as cur:
+            cur.execute("LOCK TABLES legacy.likes WRITE")
+        held: list = []
+
+        def blocked() -> bool:  # a likes chunk is leased and its worker waits for the lock
+            held[:] = ledger.pool.query(
+                "SELECT chunk_id, lease_owner FROM chunks WHERE run_id = %s AND kind = 'likes' "
+                "AND state = 'running'", (run_id(),))
+            waiting = server.sql("SELECT COUNT(*) FROM information_schema.processlist WHERE "
+                                 "state LIKE 'Waiting for table%%lock' AND info LIKE '%%likes%%'")
+            return bool(held) and waiting[0][0] > 0
+        faults.wait_until(blocked, "a worker blocked inside a likes chunk")
+        chunk_id, owner = held[0]
+        os.kill(int(owner.split(":")[1]), signal.SIGKILL)
+        with lock.cursor() as cur:
+            cur.execute("UNLOCK TABLES")
+    finally:
+        lock.close()
+    return run_id(), int(chunk_id)
+
+
 @pytest.mark.slow
 def test_sync_killed_between_apply_and_checkpoint_then_cutover_is_exact(
         live, settings, ledger, map_path, legacy_server, monkeypatch):
     half = len(LOAD) // 2
+    (since,), = ledger.pool.query("SELECT NOW(3)")
+    done: dict = {}
+    migrating = threading.Thread(target=lambda: done.update(out=run_farm(
+        live, "migrate", "--chunk-size", "200", "--wait", timeout=600)))
+    migrating.start()
     writer = threading.Thread(target=_load, args=(legacy_server, LOAD[:half]))
     writer.start()  # changes made while the migration runs
-    out = run_farm(live, "migrate", "--chunk-size", "200", "--wait", timeout=600)
+    killed = _kill_a_worker_inside_a_chunk(legacy_server, ledger, since)
+    migrating.join()
     writer.join()
+    out = done["out"]
     assert out.returncode == 0, out.stderr + out.stdout
+    assert ledger.chunk(killed[0], killed[1])["attempts"] >= 2  # run again after the kill
     run_id = last_json(out.stdout)["run_id"]
     assert ledger.run(run_id)["params"]["binlog_pos"] is not None
     _load(legacy_server, LOAD[half:])
