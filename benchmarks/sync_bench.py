@@ -35,6 +35,7 @@ import bisect
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -318,11 +319,44 @@ def wait_caught_up(bench: Bench, legacy_port: int, proc: subprocess.Popen | None
     raise RuntimeError(f"farm sync did not catch up within {timeout:.0f}s")
 
 
-def timed_farm(bench: Bench, *args: str) -> tuple[float, str]:
-    """Seconds ``farm ARGS`` takes from start to exit, and its stdout."""
+def applied_keys(bench: Bench) -> dict[str, int]:
+    """Legacy keys sync has applied per table (sync_state, summed over its checkpoints)."""
+    conn = bench.connect(database=CONTROL)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT applied FROM sync_state")
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    return json.loads(row[0]) if row and row[0] else {}
+
+
+def timed_farm(bench: Bench, *args: str, profile: str | None = None) -> tuple[float, str]:
+    """Seconds ``farm ARGS`` takes from start to exit, and its stdout; with ``profile``,
+    run under ``py-spy record`` (raw collapsed stacks written to that file)."""
+    cmd = [sys.executable, "-m", "scripts", *args]
+    if profile:
+        cmd = ["py-spy", "record", "--rate", "50", "--format", "raw", "--idle", "--threads",
+               "--output", profile, "--", *cmd]
     start = time.perf_counter()
-    out = bench.farm(*args, control=CONTROL)
-    return time.perf_counter() - start, out
+    p = subprocess.run(cmd, env=farm_env(bench), cwd=ROOT, capture_output=True, text=True,
+                       timeout=3600)
+    if p.returncode:
+        raise RuntimeError(f"farm {' '.join(args)} exited {p.returncode}: "
+                           f"{p.stderr.strip()[-800:]}")
+    return time.perf_counter() - start, p.stdout
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    """CPU seconds of the waited-for child processes so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 # --- setup ---------------------------------------------------------------------------------
@@ -372,6 +406,9 @@ class Result:
     backlog_rows: int = 0
     backlog_write_seconds: float = 0.0
     sync_seconds: float = 0.0
+    sync_keys: dict[str, int] = field(default_factory=dict)
+    lag_keys: int = 0
+    sync_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)  # shard host, legacy, farm sync
     verify: str = ""
     rerun_rows: int = 0
     rerun_seconds: float = 0.0
@@ -408,6 +445,7 @@ def lag_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.N
         say("farm sync started; waiting until it leads and is caught up")
         wait_caught_up(bench, legacy.port, sync)
         say(f"legacy write load at {args.rate:,} row changes/s for {args.seconds:.0f}s")
+        keys = applied_keys(bench)
         first, kinds = load.rows, dict(load.by_kind)
         with Sampler(bench, legacy.port, load) as sampler:
             r.load_seconds = load.paced(args.rate, args.seconds)
@@ -416,6 +454,7 @@ def lag_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.N
         r.samples = [s for s in sampler.samples if s[0] <= sampler.samples[0][0]
                      + r.load_seconds] if sampler.samples else []
         r.load_kinds = {k: n - kinds.get(k, 0) for k, n in load.by_kind.items()}
+        r.lag_keys = sum(applied_keys(bench).values()) - sum(keys.values())
     finally:
         stop_sync(sync)
 
@@ -429,7 +468,13 @@ def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.
     r.backlog_write_seconds = load.amount(want)
     r.backlog_rows = load.rows - first
     say("farm sync --until-caught-up")
-    r.sync_seconds, _ = timed_farm(bench, "sync", "--until-caught-up")
+    keys = applied_keys(bench)
+    servers = (cpu_seconds(bench.server.proc.pid), cpu_seconds(legacy.proc.pid), children_cpu())
+    r.sync_seconds, _ = timed_farm(bench, "sync", "--until-caught-up", profile=args.py_spy)
+    r.sync_cpu = (cpu_seconds(bench.server.proc.pid) - servers[0],
+                  cpu_seconds(legacy.proc.pid) - servers[1], children_cpu() - servers[2])
+    after = applied_keys(bench)
+    r.sync_keys = {t: n - keys.get(t, 0) for t, n in after.items() if n - keys.get(t, 0)}
     wait_caught_up(bench, legacy.port, None, timeout=5)  # it did apply everything
     if args.verify:
         say("farm verify")
@@ -471,10 +516,15 @@ def report(r: Result, args: argparse.Namespace) -> None:
           f"transactions max {max(lags, default=0):,} / p95 {p95(lags):,.0f}; seconds max "
           f"{max(secs, default=0):.2f} / p95 {p95(secs):.2f} (farm sync status's own "
           f"lag_seconds: max {max(status_secs, default=0)} / p95 {p95(status_secs):.0f}); "
-          f"caught up {r.drain_seconds:.2f}s after the load stopped")
+          f"caught up {r.drain_seconds:.2f}s after the load stopped; {r.lag_keys:,} legacy "
+          f"keys applied (touched keys and their cascades, per batch)")
     print(f"sync apply: backlog of {r.backlog_rows:,} row changes (written in "
           f"{r.backlog_write_seconds:.1f}s), farm sync --until-caught-up {r.sync_seconds:.1f}s "
-          f"(process start to exit) = {sync_rate:,.0f} row changes/s")
+          f"(process start to exit) = {sync_rate:,.0f} row changes/s; CPU seconds meanwhile: "
+          f"farm sync {r.sync_cpu[2]:.1f}, shard-host mariadbd {r.sync_cpu[0]:.1f}, legacy "
+          f"mariadbd {r.sync_cpu[1]:.1f} (2 cores); legacy keys applied "
+          f"{sum(r.sync_keys.values()):,} (" + ", ".join(f"{t} {n:,}" for t, n in
+                                                        r.sync_keys.items()) + ")")
     if r.verify:
         print(r.verify)
     print(f"re-run reference: {r.rerun_rows:,} row changes, farm migrate --wait "
@@ -502,6 +552,8 @@ def main(argv: Iterable[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=30.0, help="length of the paced load")
     ap.add_argument("--backlog-seconds", type=float, default=30.0,
                     help="backlog (and re-run reference) size, in seconds of --rate")
+    ap.add_argument("--py-spy", metavar="FILE",
+                    help="profile the timed catch-up with py-spy (raw stacks to FILE)")
     ap.add_argument("--no-verify", dest="verify", action="store_false",
                     help="skip farm verify after the catch-up")
     args = ap.parse_args(None if argv is None else list(argv))
@@ -518,6 +570,14 @@ def main(argv: Iterable[str] | None = None) -> None:
         workdir = bench.workdir
         result = run(bench, legacy, args)
         report(result, args)
+    except BaseException:
+        for name, server in (("shard host", shards), ("legacy", legacy)):
+            if server is not None:
+                log = server.datadir.parent / "error.log"
+                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                say(f"{name} mariadbd (exit {server.proc.poll()}), last lines of its log:\n"
+                    + "\n".join(tail))
+        raise
     finally:
         for server in (shards, legacy):
             if server is not None:
