@@ -347,6 +347,13 @@ def timed_farm(bench: Bench, *args: str, profile: str | None = None) -> tuple[fl
     return time.perf_counter() - start, p.stdout
 
 
+def questions(server: PrivateMariaDB) -> tuple[int, int]:
+    """Statements the server has been sent and rows it has read so far (Rows_read)."""
+    got = dict(server.sql("SHOW GLOBAL STATUS WHERE Variable_name IN "
+                          "('Questions', 'Rows_read')"))
+    return int(got["Questions"]), int(got["Rows_read"])
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -408,6 +415,8 @@ class Result:
     sync_seconds: float = 0.0
     sync_keys: dict[str, int] = field(default_factory=dict)
     lag_keys: int = 0
+    sync_statements: tuple[int, int] = (0, 0)  # shard host, legacy
+    sync_rows_read: tuple[int, int] = (0, 0)  # rows read: shard host, legacy
     sync_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)  # shard host, legacy, farm sync
     verify: str = ""
     rerun_rows: int = 0
@@ -469,10 +478,14 @@ def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.
     r.backlog_rows = load.rows - first
     say("farm sync --until-caught-up")
     keys = applied_keys(bench)
+    asked = (questions(bench.server), questions(legacy))
     servers = (cpu_seconds(bench.server.proc.pid), cpu_seconds(legacy.proc.pid), children_cpu())
     r.sync_seconds, _ = timed_farm(bench, "sync", "--until-caught-up", profile=args.py_spy)
     r.sync_cpu = (cpu_seconds(bench.server.proc.pid) - servers[0],
                   cpu_seconds(legacy.proc.pid) - servers[1], children_cpu() - servers[2])
+    now = (questions(bench.server), questions(legacy))
+    r.sync_statements = (now[0][0] - asked[0][0], now[1][0] - asked[1][0])
+    r.sync_rows_read = (now[0][1] - asked[0][1], now[1][1] - asked[1][1])
     after = applied_keys(bench)
     r.sync_keys = {t: n - keys.get(t, 0) for t, n in after.items() if n - keys.get(t, 0)}
     wait_caught_up(bench, legacy.port, None, timeout=5)  # it did apply everything
@@ -524,7 +537,10 @@ def report(r: Result, args: argparse.Namespace) -> None:
           f"farm sync {r.sync_cpu[2]:.1f}, shard-host mariadbd {r.sync_cpu[0]:.1f}, legacy "
           f"mariadbd {r.sync_cpu[1]:.1f} (2 cores); legacy keys applied "
           f"{sum(r.sync_keys.values()):,} (" + ", ".join(f"{t} {n:,}" for t, n in
-                                                        r.sync_keys.items()) + ")")
+                                                        r.sync_keys.items()) + ")"
+          + f"; statements meanwhile: shard host {r.sync_statements[0]:,}, legacy "
+          f"{r.sync_statements[1]:,}; rows read: shard host {r.sync_rows_read[0]:,}, "
+          f"legacy {r.sync_rows_read[1]:,}")
     if r.verify:
         print(r.verify)
     print(f"re-run reference: {r.rerun_rows:,} row changes, farm migrate --wait "
