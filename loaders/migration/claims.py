@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pymysql.cursors import Cursor
 
 IN_BATCH = 1000
+DENSE = 8  # keys spanning at most this many slots each are read as one range
 HOLDER = "SELECT local_id, JSON_VALUE(data, '$.legacy_id'), JSON_EXISTS(data, '$.allocating')"
 TAKEN = "local_id_taken"
 
@@ -60,15 +61,17 @@ class Survey:
 
 def _holders(router: Router, shard: int, q: str, locals_: list[int]) -> list[tuple]:
     """``(local_id, holder, placeholder)`` of the stored rows among ``locals_``: the
-    legacy half as one range (a chunk's slots there are a range of its keys), the rest
-    by key."""
+    legacy half as one range when its keys are dense (a chunk's slots there are a range of
+    its keys), else by key like the rest (sync's keys are scattered over the table)."""
     host = router.host_for(shard)
     small = [x for x in locals_ if x < FIRST_ALLOCATED]
     big = sorted(x for x in locals_ if x >= FIRST_ALLOCATED)
     out: list[tuple] = []
-    if small:
+    if small and max(small) - min(small) < DENSE * len(small):
         out += router.query(host, f"{HOLDER} FROM {q} WHERE local_id BETWEEN %s AND %s",
                             (min(small), max(small)), shard)
+    elif small:
+        big = sorted(small) + big
     for i in range(0, len(big), IN_BATCH):
         part = big[i:i + IN_BATCH]
         out += router.query(host, f"{HOLDER} FROM {q} WHERE local_id IN "
