@@ -54,6 +54,16 @@ def _fill(server: ShardHostMariaDB, rows: int) -> None:
                f"FROM db00000.seq_1_to_{int(edges)}")
 
 
+def _cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def _reference(src: ShardHostMariaDB, dst: ShardHostMariaDB) -> float:
     t = time.monotonic()
     dump = subprocess.Popen(["mysqldump", "-h127.0.0.1", f"-P{src.port}", "-uroot",
@@ -67,17 +77,22 @@ def _reference(src: ShardHostMariaDB, dst: ShardHostMariaDB) -> float:
     return seconds
 
 
-def _farm(env: dict, workers: int) -> tuple[float, dict]:
+def _farm(env: dict, workers: int) -> tuple[float, dict, float]:
+    """The move's seconds, its summary, and the CPU seconds its workers used."""
     proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count",
                              str(workers)], env=env, cwd=ROOT, start_new_session=True,
                             stdout=WORKER_LOG, stderr=subprocess.STDOUT)
     try:
         time.sleep(3)  # the workers start (outside the measurement)
+        kids = _children(proc.pid)
+        before = sum(_cpu(k) for k in kids)
         t = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "scripts", "shards", "move", "0-0", "--to",
                               "DstA/DstB", "--wait"], env=env, cwd=ROOT, capture_output=True,
                              text=True, check=True)
-        return time.monotonic() - t, json.loads(out.stdout.splitlines()[-1])
+        seconds = time.monotonic() - t
+        return (seconds, json.loads(out.stdout.splitlines()[-1]),
+                sum(_cpu(k) for k in kids) - before)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -102,11 +117,18 @@ def main() -> None:
         control_schema.ensure(DSN.parse(control))
         env = {**os.environ, "FARM_SHARDMAP": str(path), "FARM_CONTROL_DSN": control,
                "FARM_REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
+        servers = (src.proc.pid, dst.proc.pid)
+        cpu0 = [_cpu(p) for p in servers]
         ref = _reference(src, dst)
-        farm, summary = _farm(env, args.workers)
-        print(f"mysqldump | mysql: {ref:.1f} s for {args.rows} rows")
+        cpu1 = [_cpu(p) for p in servers]
+        farm, summary, workers_cpu = _farm(env, args.workers)
+        cpu2 = [_cpu(p) for p in servers]
+        print(f"mysqldump | mysql: {ref:.1f} s for {args.rows} rows; CPU s: source server "
+              f"{cpu1[0] - cpu0[0]:.1f}, destination server {cpu1[1] - cpu0[1]:.1f}")
         print(f"farm shards move:  {farm:.1f} s (froze writes {summary['frozen_seconds']} s, "
-              f"{summary['rows']['pins'] + summary['rows']['user_has_pins']} rows)")
+              f"{summary['rows']['pins'] + summary['rows']['user_has_pins']} rows); CPU s: "
+              f"source server {cpu2[0] - cpu1[0]:.1f}, destination server "
+              f"{cpu2[1] - cpu1[1]:.1f}, workers {workers_cpu:.1f}")
         print(f"farm phases (s): {summary['seconds']}")
         spent = src.sql("SELECT kind, COUNT(*), SUM(seconds), SUM(rows_written) FROM "
                         "farm_control.chunks WHERE run_id = %s AND rows_written > 0 "

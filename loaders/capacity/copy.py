@@ -2,12 +2,13 @@
 
 A table is cut into ranges of its first primary-key column (``[lo, hi)``, ``None``
 open-ended), so every row of one range is found by one index range scan on both
-servers. ``copy_range`` streams a range from the source (each row formatted as a line of
-``LOAD DATA`` text by the source server itself) and writes it to the destination in
-batches with ``LOAD DATA LOCAL INFILE … REPLACE`` (idempotent: a chunk may run twice);
-with ``replace_all`` it first deletes the destination's range (rows deleted at the source
-meanwhile go too). ``digest`` is a range's row count and an order-free 64-bit hash of its
-rows (CRC32 and CRC32C side by side), computed by each server itself.
+servers. ``copy_range`` streams a range from the source, each row formatted as a line
+of ``LOAD DATA`` text by the source server itself (unescaped: see ``FIELD``), and
+writes it to the destination in batches with ``LOAD DATA LOCAL INFILE … REPLACE``
+(idempotent: a chunk may run twice); with ``replace_all`` it first deletes the
+destination's range (rows deleted at the source meanwhile go too). ``digest`` is a
+range's row count and an order-free 64-bit hash of its rows (CRC32 and CRC32C side by
+side), computed by each server itself.
 """
 
 from __future__ import annotations
@@ -66,23 +67,20 @@ def ranges(router: Router, host: Host, shard: int, table: str, rows_per_range: i
     return list(itertools.pairwise(bounds))
 
 
-_ESCAPED = {"\\": "92,92", "\t": "92,116", "\n": "92,110", "\r": "92,114", "\0": "92,48"}
+# Object rows hold JSON, which MariaDB keeps valid (a CHECK on every JSON column) and which
+# cannot hold a raw control character other than whitespace; mapping rows hold integers.
+# So the unit and record separators never occur in a row: lines need no escaping.
+FIELD, LINE = "\x1f", "\x1e"
 
 
 def _selected(table: str) -> str:
     """What a copy reads: a directory row as is; an object or mapping row as one line of
-    ``LOAD DATA`` text built by the source server (text escaped), so the copier only moves
-    bytes instead of decoding and encoding every value."""
+    ``LOAD DATA`` text built by the source server (fields separated by ``FIELD``, no
+    escaping), so the copier only moves bytes instead of decoding every value."""
     cols = COLUMNS[table]
     if table in DIRECTORY_TABLES:
         return ", ".join(cols)
-
-    def escaped(col: str) -> str:
-        for ch, code in _ESCAPED.items():
-            col = f"REPLACE({col}, CHAR({ord(ch)} USING utf8mb4), CHAR({code} USING utf8mb4))"
-        return col
-    return "CONCAT_WS(CHAR(9 USING utf8mb4), " + ", ".join(
-        escaped(c) if c == "data" else c for c in cols) + ")"
+    return f"CONCAT_WS(CHAR({ord(FIELD)} USING utf8mb4), {', '.join(cols)})"
 
 
 def _stream(router: Router, host: Host, shard: int, table: str, lo: Bound, hi: Bound
@@ -99,19 +97,19 @@ def _stream(router: Router, host: Host, shard: int, table: str, lo: Bound, hi: B
     with router.connection(host, shard) as conn, conn.cursor(pymysql.cursors.SSCursor) as cur:
         cur.execute(sql, args)
         while batch := cur.fetchmany(BATCH):
-            yield [r if table in DIRECTORY_TABLES else r[0] + "\n" for r in batch], len(batch)
+            yield [r if table in DIRECTORY_TABLES else r[0] + LINE for r in batch], len(batch)
 
 
 def _joined(router: Router, host: Host, shard: int, table: str, where: str, args: list
             ) -> Iterator[tuple[list[str], int]]:
     """A mapping range as text, the server joining each from ID's lines into one row
-    (``GROUP_CONCAT`` along the primary key, each line ending in a newline): the client
+    (``GROUP_CONCAT`` along the primary key, each line ending in ``LINE``): the client
     decodes a row per from ID, not per line. A from ID whose lines the server cut at
-    ``GROUP_MAX`` (a line missing, or the last one without its newline; or NULL, past the
+    ``GROUP_MAX`` (a line missing, or the last one without its end; or NULL, past the
     server's ``max_allowed_packet``) is read again line by line after the rest."""
     q, line = shard_table(shard, table), _selected(table)
-    sql = (f"SELECT COUNT(*), from_id, GROUP_CONCAT(CONCAT({line}, CHAR(10 USING utf8mb4)) "
-           f"SEPARATOR '') FROM {q}{where} GROUP BY from_id")
+    sql = (f"SELECT COUNT(*), from_id, GROUP_CONCAT(CONCAT({line}, CHAR({ord(LINE)} USING "
+           f"utf8mb4)) SEPARATOR '') FROM {q}{where} GROUP BY from_id")
     cut: list[int] = []
     with router.connection(host, shard) as conn:
         with conn.cursor(pymysql.cursors.SSCursor) as cur:
@@ -120,7 +118,7 @@ def _joined(router: Router, host: Host, shard: int, table: str, where: str, args
             batch, rows = [], 0
             while groups := cur.fetchmany(max(1, BATCH // 64)):
                 for n, from_id, text in groups:
-                    if text is not None and text.endswith("\n") and text.count("\n") == n:
+                    if text is not None and text.endswith(LINE) and text.count(LINE) == n:
                         batch.append(text)
                         rows += n
                     else:
@@ -134,7 +132,7 @@ def _joined(router: Router, host: Host, shard: int, table: str, where: str, args
             with conn.cursor(pymysql.cursors.SSCursor) as cur:
                 cur.execute(f"SELECT {line} FROM {q} WHERE from_id = %s", (from_id,))
                 while lines := cur.fetchmany(BATCH):
-                    yield [r[0] + "\n" for r in lines], len(lines)
+                    yield [r[0] + LINE for r in lines], len(lines)
 
 
 def _writer(table: str, shard: int) -> Callable[[pymysql.cursors.Cursor, list], None]:
@@ -148,7 +146,8 @@ def _writer(table: str, shard: int) -> Callable[[pymysql.cursors.Cursor, list], 
     def load(cur: pymysql.cursors.Cursor, rows: list[str]) -> None:
         with temp_tsv("".join(rows)) as path:
             cur.execute(f"LOAD DATA LOCAL INFILE %s REPLACE INTO TABLE {q} CHARACTER SET "
-                        f"utf8mb4 ({', '.join(cols)})", (path,))
+                        f"utf8mb4 FIELDS TERMINATED BY X'{ord(FIELD):02x}' ESCAPED BY '' "
+                        f"LINES TERMINATED BY X'{ord(LINE):02x}' ({', '.join(cols)})", (path,))
     return load
 
 
@@ -193,15 +192,18 @@ def copy_range(ctx: ChunkContext | None, router: Router, src: Host, dst: Host, s
 
 
 def digest(router: Router, host: Host, shard: int, table: str, lo: Bound = None,
-           hi: Bound = None) -> tuple[int, int]:
-    """``(rows, hash)`` of a range on ``host``: the XOR over its rows of a 64-bit hash of
-    each row (CRC32 and CRC32C of its columns side by side), computed by the server."""
+           hi: Bound = None) -> tuple[int, int, int]:
+    """``(rows, xor, mixed)`` of a range on ``host``, computed by the server, from the CRC32
+    and CRC32C of each row's columns: ``xor`` is the XOR over its rows of the two side by
+    side (64 bits), ``mixed`` the XOR of their products. A CRC is linear: the same bit
+    flipped in an even number of rows (a flag flipped on all of them) changes every row's
+    CRCs by the same bits and leaves ``xor`` as it was; the product is not linear."""
     row = "CONCAT_WS(0x1f, " + ", ".join(f"IFNULL({c}, '')" for c in COLUMNS[table]) + ")"
     where, args = _where(table, lo, hi)
-    found = router.query(host, f"SELECT COUNT(*), IFNULL(BIT_XOR(CRC32({row}) | "
-                         f"(CRC32C({row}) << 32)), 0) FROM {shard_table(shard, table)}{where}",
-                         args, shard)[0]
-    return int(found[0]), int(found[1])
+    found = router.query(host, f"SELECT COUNT(*), IFNULL(BIT_XOR(CRC32({row}) | (CRC32C({row})"
+                         f" << 32)), 0), IFNULL(BIT_XOR(CRC32({row}) * CRC32C({row})), 0) FROM "
+                         f"{shard_table(shard, table)}{where}", args, shard)[0]
+    return int(found[0]), int(found[1]), int(found[2])
 
 
 def copy_chunk(ctx: ChunkContext, shard: int, table: str, lo: Bound, hi: Bound, src: str,
