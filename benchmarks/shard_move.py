@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
+
 from benchmarks._server import ShardHostMariaDB
 from farmcore import control_schema
 from shardfarm.mysql.db import ensure_database
@@ -31,7 +33,7 @@ from sharding.router import Router
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER_LOG = open(os.environ.get("BENCH_WORKER_LOG", os.devnull), "w")  # noqa: SIM115
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/11")
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/3")  # emptied after
 
 
 def _map(src: int, dst: int) -> dict:
@@ -140,6 +142,7 @@ def main() -> None:
     finally:
         src.stop()
         dst.stop()
+        redis.Redis.from_url(REDIS_URL).flushdb()
 
 
 if __name__ == "__main__":
