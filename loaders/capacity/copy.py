@@ -7,8 +7,8 @@ of ``LOAD DATA`` text by the source server itself (unescaped: see ``FIELD``), an
 writes it to the destination in batches with ``LOAD DATA LOCAL INFILE … REPLACE``
 (idempotent: a chunk may run twice); with ``replace_all`` it first deletes the
 destination's range (rows deleted at the source meanwhile go too). ``digest`` is a
-range's row count and an order-free 64-bit hash of its rows (CRC32 and CRC32C side by
-side), computed by each server itself.
+range's row count and an order-free 64-bit hash of its rows (the product of each row's
+CRC32 and CRC32C), computed by each server itself.
 """
 
 from __future__ import annotations
@@ -192,18 +192,17 @@ def copy_range(ctx: ChunkContext | None, router: Router, src: Host, dst: Host, s
 
 
 def digest(router: Router, host: Host, shard: int, table: str, lo: Bound = None,
-           hi: Bound = None) -> tuple[int, int, int]:
-    """``(rows, xor, mixed)`` of a range on ``host``, computed by the server, from the CRC32
-    and CRC32C of each row's columns: ``xor`` is the XOR over its rows of the two side by
-    side (64 bits), ``mixed`` the XOR of their products. A CRC is linear: the same bit
-    flipped in an even number of rows (a flag flipped on all of them) changes every row's
-    CRCs by the same bits and leaves ``xor`` as it was; the product is not linear."""
+           hi: Bound = None) -> tuple[int, int]:
+    """``(rows, hash)`` of a range on ``host``, computed by the server: the XOR over its rows
+    of the product of each row's CRC32 and CRC32C (64 bits). Not the two side by side: a
+    CRC is linear, so the same bit flipped in an even number of rows (a flag flipped on
+    all of them) changes every row's CRCs by the same bits and their XOR not at all; the
+    product is not linear."""
     row = "CONCAT_WS(0x1f, " + ", ".join(f"IFNULL({c}, '')" for c in COLUMNS[table]) + ")"
     where, args = _where(table, lo, hi)
-    found = router.query(host, f"SELECT COUNT(*), IFNULL(BIT_XOR(CRC32({row}) | (CRC32C({row})"
-                         f" << 32)), 0), IFNULL(BIT_XOR(CRC32({row}) * CRC32C({row})), 0) FROM "
-                         f"{shard_table(shard, table)}{where}", args, shard)[0]
-    return int(found[0]), int(found[1]), int(found[2])
+    found = router.query(host, f"SELECT COUNT(*), IFNULL(BIT_XOR(CRC32({row}) * CRC32C({row})),"
+                         f" 0) FROM {shard_table(shard, table)}{where}", args, shard)[0]
+    return int(found[0]), int(found[1])
 
 
 def copy_chunk(ctx: ChunkContext, shard: int, table: str, lo: Bound, hi: Bound, src: str,

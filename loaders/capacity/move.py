@@ -28,6 +28,7 @@ from sharding.router import Router
 from sharding.schema import shard_db
 
 Span = tuple[int | None, int | None]
+PLAN_THREADS = 4
 
 
 @dataclass
@@ -73,9 +74,11 @@ def plan(router: Router, lo: int, hi: int, master: str, slave: str,
     for name in {*sources.values(), master, slave}:
         check_reachable(router, m.hosts[name], "to" if name in (master, slave) else "from")
     p = MovePlan(lo, hi, master, slave, m.version, sources)
-    for s, src in sources.items():
-        for table in COLUMNS:
-            p.spans[(s, table)] = ranges(router, m.hosts[src], s, table, rows_per_range)
+    keys = [(s, table) for s in sources for table in COLUMNS]
+    with ThreadPoolExecutor(PLAN_THREADS) as pool:  # mostly round trips: a few at a time
+        cut = pool.map(lambda k: ranges(router, m.hosts[sources[k[0]]], *k, rows_per_range),
+                       keys)
+        p.spans.update(zip(keys, cut, strict=True))
     return p
 
 
