@@ -181,3 +181,43 @@ def test_a_move_killed_while_freezing_finishes_when_run_again(moved_map, repl_pa
         for t in TABLES:
             assert _rows(3306, s, t) == _rows(repl_pair.master.port, s, t), (s, t)
     assert "Traceback" not in log
+
+
+def test_a_move_killed_between_its_flip_and_its_thaw_is_finished_when_run_again(
+        moved_map, repl_pair, env, ledger, monkeypatch):
+    """Killed right after the flip, before the first source copy recorded it: the map
+    already sends writers to the new pair; running the same move again has both source
+    copies record the flipped version and thaws them, so --drop-source can drop them."""
+    from sharding import fencing
+    from tests import faults
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[2], SHARDS[3]
+    workers = start_workers(e, 2)
+    try:
+        monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
+        args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS"}
+        # 1-2: the new copies record the next version; 3-4: both sources frozen; 5: thaw
+        assert faults.run_killed("move", args, 5) == -9
+        monkeypatch.delenv("FARM_FAULT_MATCH")
+    finally:
+        log = stop(workers)
+    router = Router(ShardMapSource(moved_map, interval=0))
+    try:
+        assert router.shardmap.version == 2 and router.shardmap.master(lo).name == "PairM"
+        source = router.shardmap.hosts["TestA1"]
+
+        def states() -> list[tuple[int, bool]]:
+            return [router.run_on(source, lambda cur, s=s: fencing.state(cur, s), s)
+                    for s in (lo, hi)]
+        assert states() == [(0, True), (0, True)]
+        out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS",
+                       "--drop-source", "--dry-run", timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads(out.stdout.splitlines()[-1])
+        assert summary["already_flipped"] and summary["version"] == 2, summary
+        assert summary["sources_recorded"] == [lo, hi]
+        assert summary["would_drop"] == [f"TestA1:{shard_db(s)}" for s in (lo, hi)]
+        assert states() == [(2, False), (2, False)]
+    finally:
+        router.close()
+    assert "Traceback" not in log

@@ -3,7 +3,8 @@
 See ``loaders.capacity.move`` for the steps. A move that stops half way is run again
 with the same command: the copy run of the same move (same range, target and map
 version) is resumed instead of started again, and the catch-up fixes whatever
-changed since.
+changed since; killed after the flip, running it again has the source copies record the
+flipped version and thaws them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,25 @@ def _copy_run(rt: Runtime, p: capmove.MovePlan, max_lag: float | None) -> str:
     return runs.start(rt, KIND, capcopy.HANDLER, p.chunks(), {**p.params, **extra})
 
 
+def _finish_flipped(rt: Runtime, lo: int, hi: int, master: str, slave: str
+                    ) -> tuple[dict, capmove.MovePlan] | None:
+    """The same move run again after its flip (killed before the sources recorded it): the
+    source copies record the flipped version and are thawed. ``None`` if no copy run of
+    this move is known (the shards were on ``master`` all along)."""
+    for run_id in rt.ledger.runs(limit=50):
+        run = rt.ledger.run(run_id)
+        prm = run["params"]
+        if (run["kind"] == KIND and prm.get("range") == [lo, hi] and prm.get("sources")
+                and prm.get("to") == f"{master}/{slave}" and run["status"] == "done"):
+            p = capmove.MovePlan.of_params(prm)
+            if rt.router.shardmap.version <= p.version:
+                return None
+            found = capmove.record_flip(rt.router, p)
+            return {"moved": [lo, hi], "to": f"{master}/{slave}", "version": p.version + 1,
+                    "run_id": run_id, "already_flipped": True, "sources_recorded": found}, p
+    return None
+
+
 def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
          rows_per_range: int = 100_000, follow: Follow | None = None,
          max_lag: float | None = None, notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
@@ -46,6 +66,12 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     def lap(name: str) -> None:
         now = time.monotonic()
         phases[name], clock[0] = round(now - clock[0], 3), now
+    if capmove.flipped(rt.router, lo, hi, master):
+        done = _finish_flipped(rt, lo, hi, master, slave)
+        if done is not None:
+            notice(f"shards {lo}-{hi} were already flipped to {master} by run {done[0]['run_id']}"
+                   "; their source copies now record it")
+            return done
     p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
     warn_without_workers(rt, notice)
     capmove.prepare(rt.router, p)

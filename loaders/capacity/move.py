@@ -47,7 +47,16 @@ class MovePlan:
     def params(self) -> dict:
         """What identifies the move in its run's params (a rerun finds its copy run)."""
         return {"range": [self.lo, self.hi], "to": f"{self.master}/{self.slave}",
-                "from_version": self.version, "kinds": list(COLUMNS)}
+                "from_version": self.version, "kinds": list(COLUMNS),
+                "sources": [[s, h] for s, h in sorted(self.sources.items())]}
+
+    @classmethod
+    def of_params(cls, params: dict) -> MovePlan:
+        """The plan a copy run's params describe (without its ranges)."""
+        master, slave = params["to"].split("/")
+        lo, hi = params["range"]
+        return cls(lo, hi, master, slave, params["from_version"],
+                   {int(s): h for s, h in params["sources"]})
 
     def chunks(self) -> list[ChunkSpec]:
         """One chunk per range of each table of each shard."""
@@ -125,15 +134,42 @@ def catch_up(router: Router, p: MovePlan, strict: bool = False) -> tuple[int, di
     return n, rows
 
 
-def freeze(router: Router, p: MovePlan, frozen: bool, version: int | None = None) -> None:
-    """Freeze (or thaw) every source shard; ``version``: record it too (the flip's)."""
-    for s in range(p.lo, p.hi + 1):
+def freeze(router: Router, p: MovePlan, frozen: bool, version: int | None = None,
+           shards: list[int] | None = None) -> None:
+    """Freeze (or thaw) every source shard (or those of ``shards``); ``version``: record it
+    too (the flip's)."""
+    for s in range(p.lo, p.hi + 1) if shards is None else shards:
         src, _ = _hosts(router, p, s)
 
         def mark(cur, s: int = s) -> None:
             was, _ = fencing.state(cur, s)
             fencing.set_state(cur, s, max(was, version or 0), frozen)
         router.run_on(src, mark, s)
+
+
+def flipped(router: Router, lo: int, hi: int, master: str) -> bool:
+    """Whether the map already has every shard of ``lo..hi`` on ``master`` (a move that
+    flipped; or shards that were there all along)."""
+    m = router.shardmap
+    try:
+        return all(m.master(s).name == master for s in range(lo, hi + 1))
+    except FatalError:
+        return False
+
+
+def record_flip(router: Router, p: MovePlan) -> list[int]:
+    """After the flip: each source copy still there records the flipped version and is
+    thawed (what a move killed between its flip and its thaw left undone). Returns the
+    shards whose source copy was found."""
+    found = []
+    for s in range(p.lo, p.hi + 1):
+        src = router.shardmap.hosts[p.sources[s]]
+        there = router.query(src, "SELECT COUNT(*) FROM information_schema.schemata WHERE "
+                             "schema_name = %s", (shard_db(s),), s)[0][0]
+        if there:
+            found.append(s)
+    freeze(router, p, False, p.version + 1, shards=found)
+    return found
 
 
 def flip(spec: str, p: MovePlan, timeout: float = 10.0) -> int:
