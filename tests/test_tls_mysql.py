@@ -153,3 +153,26 @@ def test_control_database_over_verified_tls(tls_server):
             ledger.runs()
     finally:
         ledger.close()
+
+
+def test_connections_without_tls_settings_share_one_preferred_context(tls_server):
+    """No TLS asked for: PyMySQL's PREFERRED mode (encrypted when the server offers it,
+    unverified) with one TLS context shared by every such connection, not one built (the
+    system's CA store loaded) per connection; asking for TLS still builds its own, verified."""
+    import ssl
+
+    from shardfarm.mysql.connect import Where, open_connection
+    from shardfarm.mysql.dsn import tls_args
+    port, ca, _ = tls_server
+    where = Where("mysql", "127.0.0.1", port, "root")
+    conns = [open_connection(where, ""), open_connection(where, ""),
+             open_connection(where, "", tls=tls_args({"ssl_ca": str(ca)}))]
+    try:
+        plain, again, verified = conns
+        assert plain.ctx is again.ctx and verified.ctx is not plain.ctx
+        assert plain.ctx.verify_mode == ssl.CERT_NONE
+        assert verified.ctx.verify_mode == ssl.CERT_REQUIRED
+        assert _cipher(plain) and _cipher(verified)  # both encrypted
+    finally:
+        for c in conns:
+            c.close()
