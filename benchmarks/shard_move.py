@@ -79,7 +79,7 @@ def _reference(src: ShardHostMariaDB, dst: ShardHostMariaDB) -> float:
     return seconds
 
 
-def _farm(env: dict, workers: int) -> tuple[float, dict, float]:
+def _farm(env: dict, workers: int, rows_per_chunk: int | None) -> tuple[float, dict, float]:
     """The move's seconds, its summary, and the CPU seconds its workers used."""
     proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count",
                              str(workers)], env=env, cwd=ROOT, start_new_session=True,
@@ -90,8 +90,9 @@ def _farm(env: dict, workers: int) -> tuple[float, dict, float]:
         before = sum(_cpu(k) for k in kids)
         t = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "scripts", "shards", "move", "0-0", "--to",
-                              "DstA/DstB", "--wait"], env=env, cwd=ROOT, capture_output=True,
-                             text=True, check=True)
+                              "DstA/DstB", "--wait", *(["--rows-per-chunk", str(rows_per_chunk)]
+                                                        if rows_per_chunk else [])],
+                             env=env, cwd=ROOT, capture_output=True, text=True, check=True)
         seconds = time.monotonic() - t
         return (seconds, json.loads(out.stdout.splitlines()[-1]),
                 sum(_cpu(k) for k in kids) - before)
@@ -105,6 +106,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rows-per-chunk", type=int, default=None,
+                    help="Passed to farm shards move (default: its own).")
     args = ap.parse_args()
     src, dst = ShardHostMariaDB.start_shard_host(), ShardHostMariaDB.start_shard_host()
     try:
@@ -123,7 +126,7 @@ def main() -> None:
         cpu0 = [_cpu(p) for p in servers]
         ref = _reference(src, dst)
         cpu1 = [_cpu(p) for p in servers]
-        farm, summary, workers_cpu = _farm(env, args.workers)
+        farm, summary, workers_cpu = _farm(env, args.workers, args.rows_per_chunk)
         cpu2 = [_cpu(p) for p in servers]
         print(f"mysqldump | mysql: {ref:.1f} s for {args.rows} rows; CPU s: source server "
               f"{cpu1[0] - cpu0[0]:.1f}, destination server {cpu1[1] - cpu0[1]:.1f}")

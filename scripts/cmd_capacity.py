@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from loaders.capacity.move import ROWS_PER_RANGE
 from scripts.app import App
 from scripts.cmd_shards import shards_group
 from scripts.confirm import go_ahead
@@ -46,8 +47,10 @@ def _pair(text: str) -> tuple[str, str]:
 @click.option("--to", "to", required=True, metavar="MASTER/SLAVE",
               help="The new pair: two hosts of the shard map.")
 @click.option("--wait", is_flag=True, help="Show the copy's progress until it ends.")
-@click.option("--rows-per-chunk", default=100_000, show_default=True,
-              type=click.IntRange(min=1000), help="Rows per copy chunk.")
+@click.option("--rows-per-chunk", default=ROWS_PER_RANGE, show_default=True,
+              type=click.IntRange(min=1000),
+              help="Rows per copy chunk, also the range the catch-up copies again whole if it "
+                   "changed (smaller: a shorter freeze under heavy writes, a slower copy).")
 @MAX_LAG
 @click.option("--drop-source", is_flag=True,
               help="After the flip and --grace seconds, drop the source copies.")

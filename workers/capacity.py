@@ -55,7 +55,7 @@ def _finish_flipped(rt: Runtime, lo: int, hi: int, master: str, slave: str
 
 
 def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
-         rows_per_range: int = 100_000, follow: Follow | None = None,
+         rows_per_range: int = capmove.ROWS_PER_RANGE, follow: Follow | None = None,
          max_lag: float | None = None, notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
     """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan.
 
