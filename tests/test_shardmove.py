@@ -137,30 +137,49 @@ def test_move_eight_shards_under_writes_loses_nothing(moved_map, repl_pair, env)
     print(summary, "writes:", len(writer.done), "retried:", writer.retried)
 
 
+def _kill_move_at(env: dict, map_path, lo: int, hi: int, step: int, monkeypatch) -> None:
+    """``shards move LO-HI --to PairM/PairS`` in a child SIGKILLed just before its ``step``-th
+    shard_state write: first each new copy records the next version, then each source is
+    frozen, the map flipped, and each source thawed."""
+    from tests import faults
+    monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
+    args = {"shardmap": str(map_path), "env": env, "lo": lo, "hi": hi, "to": "PairM/PairS"}
+    assert faults.run_killed("move", args, step) == -9
+    monkeypatch.delenv("FARM_FAULT_MATCH")
+
+
+def _current_map(map_path):
+    """The shard map the file holds now."""
+    router = Router(ShardMapSource(map_path, interval=0))
+    router.close()
+    return router.shardmap
+
+
+def _source_states(map_path, shards) -> list[tuple[int, bool]]:
+    """``(map_version, frozen)`` each of ``shards`` records on its source server (TestA1)."""
+    from sharding import fencing
+    router = Router(ShardMapSource(map_path, interval=0))
+    try:
+        source = router.shardmap.hosts["TestA1"]
+        return [router.run_on(source, lambda cur, s=s: fencing.state(cur, s), s)
+                for s in shards]
+    finally:
+        router.close()
+
+
 def test_a_move_killed_while_freezing_finishes_when_run_again(moved_map, repl_pair, env,
                                                                ledger, monkeypatch):
     """Killed after freezing the first source shard (the map not flipped yet): that shard
     refuses writes until the same move is run again, which resumes the same copy run,
     catches up, flips and thaws; both copies then match exactly."""
-    from sharding import fencing
-    from tests import faults
     e = {**env, "FARM_SHARDMAP": str(moved_map)}
     lo, hi = SHARDS[0], SHARDS[1]
     workers = start_workers(e, 2)
     try:
-        monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
-        args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS"}
         # steps 1-2: the new copies record the next version; 3: the first source frozen
-        assert faults.run_killed("move", args, 4) == -9
-        monkeypatch.delenv("FARM_FAULT_MATCH")
-        old = Router(ShardMapSource(moved_map, interval=0))
-        try:
-            assert old.shardmap.version == 1
-            states = [old.run_on(old.host_for(s), lambda cur, s=s: fencing.state(cur, s), s)
-                      for s in (lo, hi)]
-            assert states == [(0, True), (0, False)], states
-        finally:
-            old.close()
+        _kill_move_at(e, moved_map, lo, hi, 4, monkeypatch)
+        assert _current_map(moved_map).version == 1
+        assert _source_states(moved_map, (lo, hi)) == [(0, True), (0, False)]
         (killed_run,), = ledger.pool.query("SELECT run_id FROM runs WHERE kind = 'shardmove' "
                                            "ORDER BY created_at DESC LIMIT 1")
         out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS", "--wait",
@@ -170,12 +189,7 @@ def test_a_move_killed_while_freezing_finishes_when_run_again(moved_map, repl_pa
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["run_id"] == killed_run and summary["version"] == 2, summary
-    live = Router(ShardMapSource(moved_map, interval=0))
-    try:
-        assert [live.run_on(live.shardmap.hosts["TestA1"], lambda cur, s=s: fencing.state(cur, s),
-                            s) for s in (lo, hi)] == [(2, False), (2, False)]
-    finally:
-        live.close()
+    assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     repl_pair.wait_caught_up()
     for s in (lo, hi):
         for t in TABLES:
@@ -188,36 +202,23 @@ def test_a_move_killed_between_its_flip_and_its_thaw_is_finished_when_run_again(
     """Killed right after the flip, before the first source copy recorded it: the map
     already sends writers to the new pair; running the same move again has both source
     copies record the flipped version and thaws them, so --drop-source can drop them."""
-    from sharding import fencing
-    from tests import faults
     e = {**env, "FARM_SHARDMAP": str(moved_map)}
     lo, hi = SHARDS[2], SHARDS[3]
     workers = start_workers(e, 2)
     try:
-        monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
-        args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS"}
         # 1-2: the new copies record the next version; 3-4: both sources frozen; 5: thaw
-        assert faults.run_killed("move", args, 5) == -9
-        monkeypatch.delenv("FARM_FAULT_MATCH")
+        _kill_move_at(e, moved_map, lo, hi, 5, monkeypatch)
     finally:
         log = stop(workers)
-    router = Router(ShardMapSource(moved_map, interval=0))
-    try:
-        assert router.shardmap.version == 2 and router.shardmap.master(lo).name == "PairM"
-        source = router.shardmap.hosts["TestA1"]
-
-        def states() -> list[tuple[int, bool]]:
-            return [router.run_on(source, lambda cur, s=s: fencing.state(cur, s), s)
-                    for s in (lo, hi)]
-        assert states() == [(0, True), (0, True)]
-        out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS",
-                       "--drop-source", "--dry-run", timeout=120)
-        assert out.returncode == 0, out.stderr[-2000:]
-        summary = json.loads(out.stdout.splitlines()[-1])
-        assert summary["already_flipped"] and summary["version"] == 2, summary
-        assert summary["sources_recorded"] == [lo, hi]
-        assert summary["would_drop"] == [f"TestA1:{shard_db(s)}" for s in (lo, hi)]
-        assert states() == [(2, False), (2, False)]
-    finally:
-        router.close()
+    flipped = _current_map(moved_map)
+    assert flipped.version == 2 and flipped.master(lo).name == "PairM"
+    assert _source_states(moved_map, (lo, hi)) == [(0, True), (0, True)]
+    out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS",
+                   "--drop-source", "--dry-run", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["already_flipped"] and summary["version"] == 2, summary
+    assert summary["sources_recorded"] == [lo, hi]
+    assert summary["would_drop"] == [f"TestA1:{shard_db(s)}" for s in (lo, hi)]
+    assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     assert "Traceback" not in log
