@@ -359,6 +359,12 @@ def _stop_group(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_summary(bench: Bench, run_id: str, control: str) -> dict:
     """The run from ``farm status --json --run``; raises unless it is done without failures."""
     view = json.loads(bench.farm("status", "--json", "--run", run_id, control=control))

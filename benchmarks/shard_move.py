@@ -23,6 +23,7 @@ from pathlib import Path
 
 import redis
 
+from benchmarks._bench import cpu_seconds
 from benchmarks._server import ShardHostMariaDB
 from farmcore import control_schema
 from shardfarm.mysql.db import ensure_database
@@ -56,12 +57,6 @@ def _fill(server: ShardHostMariaDB, rows: int) -> None:
                f"FROM db00000.seq_1_to_{int(edges)}")
 
 
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _children(pid: int) -> list[int]:
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
@@ -87,7 +82,7 @@ def _farm(env: dict, workers: int, rows_per_chunk: int | None) -> tuple[float, d
     try:
         time.sleep(3)  # the workers start (outside the measurement)
         kids = _children(proc.pid)
-        before = sum(_cpu(k) for k in kids)
+        before = sum(cpu_seconds(k) for k in kids)
         t = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "scripts", "shards", "move", "0-0", "--to",
                               "DstA/DstB", "--wait", *(["--rows-per-chunk", str(rows_per_chunk)]
@@ -95,7 +90,7 @@ def _farm(env: dict, workers: int, rows_per_chunk: int | None) -> tuple[float, d
                              env=env, cwd=ROOT, capture_output=True, text=True, check=True)
         seconds = time.monotonic() - t
         return (seconds, json.loads(out.stdout.splitlines()[-1]),
-                sum(_cpu(k) for k in kids) - before)
+                sum(cpu_seconds(k) for k in kids) - before)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -123,11 +118,11 @@ def main() -> None:
         env = {**os.environ, "FARM_SHARDMAP": str(path), "FARM_CONTROL_DSN": control,
                "FARM_REDIS_URL": REDIS_URL, "PYTHONPATH": str(ROOT)}
         servers = (src.proc.pid, dst.proc.pid)
-        cpu0 = [_cpu(p) for p in servers]
+        cpu0 = [cpu_seconds(p) for p in servers]
         ref = _reference(src, dst)
-        cpu1 = [_cpu(p) for p in servers]
+        cpu1 = [cpu_seconds(p) for p in servers]
         farm, summary, workers_cpu = _farm(env, args.workers, args.rows_per_chunk)
-        cpu2 = [_cpu(p) for p in servers]
+        cpu2 = [cpu_seconds(p) for p in servers]
         print(f"mysqldump | mysql: {ref:.1f} s for {args.rows} rows; CPU s: source server "
               f"{cpu1[0] - cpu0[0]:.1f}, destination server {cpu1[1] - cpu0[1]:.1f}")
         print(f"farm shards move:  {farm:.1f} s (froze writes {summary['frozen_seconds']} s, "

@@ -37,7 +37,6 @@ import os
 import random
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -50,7 +49,8 @@ from pathlib import Path
 import pymysql
 from redis import Redis
 
-from benchmarks._bench import ROOT, TMP, Bench, running_workers, say, shard_map
+from benchmarks._bench import ROOT, TMP, Bench, cpu_seconds, running_workers, say, shard_map
+from benchmarks._bench import _stop_group as stop_group
 from benchmarks._server import ShardHostMariaDB
 from loaders.migration.binlog import behind, parse
 from tests.servers import PrivateMariaDB
@@ -282,17 +282,6 @@ def start_sync(bench: Bench) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-def stop_sync(proc: subprocess.Popen) -> None:
-    """SIGTERM (a clean stop), SIGKILL after 30 s."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def wait_caught_up(bench: Bench, legacy_port: int, proc: subprocess.Popen | None,
                    timeout: float = 600) -> float:
     """Seconds until sync leads and its checkpoint equals the server's position."""
@@ -352,12 +341,6 @@ def questions(server: PrivateMariaDB) -> tuple[int, int]:
     got = dict(server.sql("SHOW GLOBAL STATUS WHERE Variable_name IN "
                           "('Questions', 'Rows_read')"))
     return int(got["Questions"]), int(got["Rows_read"])
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children_cpu() -> float:
@@ -465,7 +448,7 @@ def lag_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.N
         r.load_kinds = {k: n - kinds.get(k, 0) for k, n in load.by_kind.items()}
         r.lag_keys = sum(applied_keys(bench).values()) - sum(keys.values())
     finally:
-        stop_sync(sync)
+        stop_group(sync)
 
 
 def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.Namespace,

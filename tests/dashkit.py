@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -14,7 +12,7 @@ from contextlib import contextmanager
 from prometheus_client.parser import text_string_to_metric_families
 
 from farmcore.ledger import ChunkSpec, Outcome
-from tests.farmkit import output, spawn, until
+from tests.farmkit import output, spawn, stop, until
 from tests.servers import free_port
 
 TOKEN = "s3cret-dashboard-token-for-tests"
@@ -70,15 +68,7 @@ def dashboard(env: dict, *args: str) -> Iterator[tuple[str, subprocess.Popen]]:
         assert proc.poll() is None, f"dashboard exited: {output(proc)}"
         yield url, proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        proc.output = output(proc)
-        proc.log.close()
+        proc.output = stop(proc, timeout=10)
 
 
 def make_run(ledger, done=1, failed=0, pending=2, rows=100, quarantined=()):
