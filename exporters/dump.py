@@ -20,6 +20,7 @@ import pymysql.cursors
 from shardfarm.errors import FatalError, UsageError
 from shardfarm.mysql.connect import Where, open_connection, refused_infile, translate
 from shardfarm.mysql.dsn import Host
+from shardfarm.mysql.grouped import split_joined
 from sharding import ids
 from sharding.schema import MAPPING_TABLES, OBJECT_TABLES, shard_table
 
@@ -146,33 +147,27 @@ def _one_line(line: bytes) -> bytes:
 def _mapping_group_sql(table: str, shard: int) -> str:
     line = ("CONCAT('{\"from_id\":', from_id, ',\"to_id\":', to_id, ',\"sequence\":', "
             "sequence, '}')")
-    return (f"SELECT COUNT(*), from_id, GROUP_CONCAT({line} SEPARATOR '\\n') "
+    return (f"SELECT COUNT(*), from_id, GROUP_CONCAT(CONCAT({line}, '\\n') SEPARATOR '') "
             f"FROM {shard_table(shard, table)} FORCE INDEX (PRIMARY) GROUP BY from_id "
             "ORDER BY from_id")
-
-
-def _cut(joined: bytes, rows: int) -> bool:
-    """Whether the server cut ``rows`` joined lines at ``GROUP_MAX``: a line missing, or the
-    last one cut short (its line count still matches; the lines are ASCII, so a cut string
-    is exactly ``GROUP_MAX`` bytes long; one that fits exactly is merely read again)."""
-    return len(joined) >= GROUP_MAX or joined.count(b"\n") + 1 != rows
 
 
 def mapping_lines(conn: pymysql.Connection, table: str, shard: int
                   ) -> Iterator[tuple[bytes, int]]:
     """Mapping-table JSON Lines, the server joining each from ID's lines into one row
     (``GROUP_CONCAT`` in primary-key order, capped at ``GROUP_MAX`` bytes): the client
-    handles a row per from ID, not per line. A from ID whose lines pass the cap is read
-    again line by line after the rest (same snapshot), so memory stays bounded."""
+    handles a row per from ID, not per line. A from ID whose lines the server cut
+    (``shardfarm.mysql.grouped``) is read again line by line after the rest (same
+    snapshot), so memory stays bounded."""
     big: list[int] = []
     with conn.cursor(pymysql.cursors.SSCursor) as cur:
         cur.execute(f"SET SESSION group_concat_max_len = {GROUP_MAX}")
         cur.execute(_mapping_group_sql(table, shard))
         while rows := cur.fetchmany(GROUP_ROWS):
-            whole = [r for r in rows if not _cut(r[2], r[0])]
-            big += [int(r[1]) for r in rows if _cut(r[2], r[0])]
+            whole, n, cut = split_joined(rows, b"\n")  # each line ends in a newline
+            big += cut
             if whole:
-                yield b"\n".join([r[2] for r in whole]) + b"\n", sum(r[0] for r in whole)
+                yield b"".join(whole), n
     sql, _ = _mapping_line_sql(table, shard)
     where = sql.replace(" ORDER BY", " WHERE from_id = %s ORDER BY")
     for from_id in big:

@@ -22,6 +22,7 @@ import pymysql.cursors
 from farmcore.context import ChunkContext
 from farmcore.ledger import Outcome
 from shardfarm.mysql.dsn import Host
+from shardfarm.mysql.grouped import split_joined
 from shardfarm.mysql.infile import temp_tsv
 from shardfarm.mysql.pool import retried
 from sharding import fencing
@@ -105,8 +106,7 @@ def _joined(router: Router, host: Host, shard: int, table: str, where: str, args
     """A mapping range as text, the server joining each from ID's lines into one row
     (``GROUP_CONCAT`` along the primary key, each line ending in ``LINE``): the client
     decodes a row per from ID, not per line. A from ID whose lines the server cut at
-    ``GROUP_MAX`` (a line missing, or the last one without its end; or NULL, past the
-    server's ``max_allowed_packet``) is read again line by line after the rest."""
+    ``GROUP_MAX`` (``shardfarm.mysql.grouped``) is read again line by line after the rest."""
     q, line = shard_table(shard, table), _selected(table)
     sql = (f"SELECT COUNT(*), from_id, GROUP_CONCAT(CONCAT({line}, CHAR({ord(LINE)} USING "
            f"utf8mb4)) SEPARATOR '') FROM {q}{where} GROUP BY from_id")
@@ -117,12 +117,10 @@ def _joined(router: Router, host: Host, shard: int, table: str, where: str, args
             cur.execute(sql, args)
             batch, rows = [], 0
             while groups := cur.fetchmany(max(1, BATCH // 64)):
-                for n, from_id, text in groups:
-                    if text is not None and text.endswith(LINE) and text.count(LINE) == n:
-                        batch.append(text)
-                        rows += n
-                    else:
-                        cut.append(int(from_id))
+                whole, n, lost = split_joined(groups, LINE)
+                batch += whole
+                rows += n
+                cut += lost
                 if rows >= BATCH:
                     yield batch, rows
                     batch, rows = [], 0
