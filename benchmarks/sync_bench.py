@@ -325,7 +325,8 @@ def timed_farm(bench: Bench, *args: str, profile: str | None = None) -> tuple[fl
     run under ``py-spy record`` (raw collapsed stacks written to that file)."""
     cmd = [sys.executable, "-m", "scripts", *args]
     if profile:
-        cmd = ["py-spy", "record", "--rate", "50", "--format", "raw", "--idle", "--threads",
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        cmd = [spy, "record", "--rate", "50", "--format", "raw", "--idle", "--threads",
                "--output", profile, "--", *cmd]
     start = time.perf_counter()
     p = subprocess.run(cmd, env=farm_env(bench), cwd=ROOT, capture_output=True, text=True,

@@ -31,6 +31,10 @@ def test_changes_cascade_only_when_a_judged_column_changes():
     c.add("boards", None, {"id": 9, "user_id": 2, "created_at": None})
     c.add("likes", {"user_id": 4, "pin_id": 5, "created_at": None}, None)
     assert c.roots == {"users": {2}, "boards": {9}}
-    assert c.keys == {"users": {1, 2}, "boards": {9}, "likes": {4}}
+    assert c.keys == {"users": {1, 2}, "boards": {9}}
+    assert c.pairs == {"likes": {(4, 5)}}  # a like is its own key, not all its user's likes
+    big = 1 << 35
+    c.add("follows", None, {"user_id": 4, "board_id": big, "created_at": None})
+    assert c.keys["follows"] == {4}  # an allocated local ID names no key: the user whole
     c.add("elsewhere", None, {"id": 1})  # a table the migration does not read
-    assert c.rows() == 4
+    assert c.rows() == 5

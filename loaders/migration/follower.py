@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from farmcore.ledger import Ledger
 from loaders.migration import binlog, sync
-from loaders.migration.binlog import Change
 from loaders.migration.legacy import LegacyReader
 from shardfarm.errors import ConfigError, FarmError, FencedError
 from shardfarm.mysql.dsn import DSN
@@ -28,8 +27,7 @@ from sharding.fencing import FenceToken
 from sharding.router import Router
 
 LEASE_SECONDS = 10.0
-BATCH_ROWS = 5000  # legacy keys per apply
-BATCH_SECONDS = 0.5  # the longest a change waits for its batch to fill
+BATCH_ROWS = 5000  # legacy keys per apply, at most
 
 
 @dataclass
@@ -83,24 +81,21 @@ class Follower:
         return run["params"]["binlog_pos"]
 
     def _follow(self, reader: LegacyReader, fence: int, run: dict) -> bool:
-        """Stream and apply until stopped, caught up (if asked) or the lease is lost."""
+        """Stream and apply until stopped, caught up (if asked) or the lease is lost: each
+        batch is every whole transaction read ahead while the last one applied (at most
+        ``BATCH_ROWS`` keys), so a busy server gets larger batches, never a wait."""
         token = FenceToken("sync", 0, fence)
-        start = self._start(run)
-        changes, since = sync.Changes(), None
-        for item in binlog.stream(self.settings.legacy_dsn, start):
-            if isinstance(item, Change):
-                changes.add(item.table, item.before, item.after)
-                since = since or time.monotonic()
-                continue
-            full = changes.rows() >= BATCH_ROWS or (since and time.monotonic() - since
-                                                     > BATCH_SECONDS)
-            if item.idle or full:
-                self._flush(reader, fence, token, run, changes, item)
-                changes, since = sync.Changes(), None
-            if self.stop.is_set() or (item.idle and self.until_caught_up
-                                      and self._caught_up(reader)):
-                return True
-        return False
+        feed = binlog.Feed(self.settings.legacy_dsn, self._start(run))
+        try:
+            while not self.stop.is_set():
+                changes = sync.Changes()
+                mark = feed.take(changes, BATCH_ROWS)
+                self._flush(reader, fence, token, run, changes, mark)
+                if mark.idle and self.until_caught_up and self._caught_up(reader):
+                    return True
+            return True
+        finally:
+            feed.close()
 
     def _flush(self, reader: LegacyReader, fence: int, token: FenceToken, run: dict,
                changes: sync.Changes, mark: binlog.Mark) -> None:

@@ -33,17 +33,29 @@ MAX_PARAMS = 20_000
 
 @dataclass(frozen=True)
 class Selection:
-    """Legacy first-key values ``lo..hi``, or exactly ``values`` when given."""
+    """Legacy first-key values ``lo..hi``, or exactly ``values`` when given; of a link
+    table, with ``pairs``, only the rows of those whole keys (``values`` are their first
+    columns)."""
 
     lo: int
     hi: int
     values: tuple[int, ...] | None = None
+    pairs: frozenset[tuple[int, int]] | None = None
 
     @classmethod
     def of(cls, values: list[int]) -> Selection:
         """A selection of exactly these values."""
         v = tuple(sorted(set(values)))
         return cls(v[0] if v else 0, v[-1] if v else -1, v)
+
+    @classmethod
+    def of_pairs(cls, pairs: set[tuple[int, int]]) -> Selection:
+        """A selection of exactly these two-column keys of a link table, every ID below
+        2**35 (each is its own local ID: a held row names its key without a lookup)."""
+        if not all(fits(a) and fits(b) for a, b in pairs):
+            raise ValueError("a selection of pairs takes legacy IDs below 2**35 only")
+        sel = cls.of([a for a, _ in pairs])
+        return cls(sel.lo, sel.hi, sel.values, frozenset(pairs))
 
     def small(self) -> Selection | None:
         """The part below 2**35 (where legacy ID = local ID), or ``None`` if empty."""
@@ -170,7 +182,8 @@ def user_ids(router: Router, sel: Selection, place_user: Callable[[int], int]) -
     """New IDs the selection's users have or had in the target: a small legacy ID's is a
     pure function of it (users never move), a big one's is in ``legacy_id_map``."""
     t = ids.TYPES["user"]
-    out = [new for legacy, new in mapped_ids(router, "user", sel).items() if not fits(legacy)]
+    out = ([new for legacy, new in mapped_ids(router, "user", sel).items() if not fits(legacy)]
+           if sel.has_big() else [])
     small = sel.small()
     if small is not None and small.values is not None:
         out += [ids.encode(place_user(u), t, u) for u in small.values]
@@ -179,7 +192,9 @@ def user_ids(router: Router, sel: Selection, place_user: Callable[[int], int]) -
 
 def held_links(router: Router, table: str, sel: Selection,
                place_user: Callable[[int], int]) -> set[tuple[int, int]]:
-    """``(from_id, to_id)`` rows of forward mapping ``table`` whose user is in ``sel``."""
+    """``(from_id, to_id)`` rows of forward mapping ``table`` whose user is in ``sel`` (and,
+    for a selection of pairs, whose legacy key is one of them: a small legacy ID is the
+    local ID of every new ID it had, wherever it was placed)."""
     t = ids.TYPES["user"]
     small = sel.small()
     rows: list[tuple] = []
@@ -200,4 +215,7 @@ def held_links(router: Router, table: str, sel: Selection,
         cond, params = sels[s].where("from_id")
         return f"SELECT from_id, to_id FROM {shard_table(s, table)} WHERE {cond}", params
     rows += union_read(router, sorted(sels), router.host_for, listed_part)
-    return {(int(a), int(b)) for a, b in rows}
+    held = {(int(a), int(b)) for a, b in rows}
+    if sel.pairs is None:
+        return held
+    return {(a, b) for a, b in held if (a & ids.MAX_LOCAL, b & ids.MAX_LOCAL) in sel.pairs}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from farmcore.quarantine import Quarantine
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.migrate import ProcessState, load_selection
+from loaders.migration.newids import fits
 from loaders.migration.present import Selection
 from loaders.migration.spec import ORDER, SPEC
 from loaders.migration.verdicts import Verdicts
@@ -36,9 +37,15 @@ IN_BATCH = 1000
 
 @dataclass
 class Changes:
-    """First-key values touched per legacy table, and objects whose dependents must follow."""
+    """Legacy keys touched per table, and objects whose dependents must follow.
+
+    An object is its ID (in ``keys``). A link row (follow, like) is its whole key (in
+    ``pairs``) when both IDs are below 2**35; otherwise, or when its user changed, the
+    user's rows are taken whole (its ID in ``keys``).
+    """
 
     keys: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    pairs: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
     roots: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     def add(self, table: str, before: dict | None, after: dict | None) -> None:
@@ -48,44 +55,70 @@ class Changes:
             return
         images = [i for i in (before, after) if i is not None]
         for image in images:
-            self.keys[table].add(int(image[spec.key[0]]))
+            self.key(table, tuple(int(image[k]) for k in spec.key))
         if table in DEPENDENTS:
             judged = spec.judge_columns
             if before is None or after is None or any(
                     before.get(c) != after.get(c) for c in judged):
                 self.roots[table].update(int(i["id"]) for i in images)
 
+    def key(self, table: str, key: tuple[int, ...]) -> None:
+        """A legacy row of ``table`` to apply again, by its whole key."""
+        if len(key) == 2 and fits(key[0]) and fits(key[1]):
+            self.pairs[table].add((key[0], key[1]))
+        else:
+            self.keys[table].add(key[0])
+
     def rows(self) -> int:
         """Keys touched."""
-        return sum(map(len, self.keys.values()))
+        return sum(map(len, self.keys.values())) + sum(map(len, self.pairs.values()))
 
 
-def expand(reader: LegacyReader, changes: Changes) -> dict[str, set[int]]:
-    """The touched keys plus every legacy row depending on a root, recursively."""
-    keys = {t: set(v) for t, v in changes.keys.items()}
+def expand(reader: LegacyReader, changes: Changes) -> Changes:
+    """``changes`` plus every legacy row depending on a root, recursively: a changed
+    user's link rows whole, another object's dependents by their keys."""
     todo = {t: set(v) for t, v in changes.roots.items()}
     while any(todo.values()):
         nxt: dict[str, set[int]] = defaultdict(set)
         for table, ids_ in todo.items():
             for dep, col in DEPENDENTS.get(table, ()):
                 found = _referencing(reader, dep, col, sorted(ids_))
-                keys.setdefault(dep, set()).update(found)
+                if table == "users" and not SPEC[dep].is_object:
+                    changes.keys[dep].update(k[0] for k in found)
+                    continue
+                for k in found:
+                    changes.key(dep, k)
                 if dep in DEPENDENTS:
-                    nxt[dep] |= found - changes.roots.get(dep, set())
-                    changes.roots[dep] = changes.roots.get(dep, set()) | found
+                    ids_found = {k[0] for k in found}
+                    nxt[dep] |= ids_found - changes.roots.get(dep, set())
+                    changes.roots[dep] = changes.roots.get(dep, set()) | ids_found
         todo = nxt
-    return keys
+    return changes
 
 
-def _referencing(reader: LegacyReader, table: str, col: str, ids_: list[int]) -> set[int]:
-    """First-key values of ``table``'s rows whose ``col`` is one of ``ids_``."""
-    first = SPEC[table].key[0]
-    out: set[int] = set()
+def _referencing(reader: LegacyReader, table: str, col: str, ids_: list[int]
+                 ) -> set[tuple[int, ...]]:
+    """Whole keys of ``table``'s rows whose ``col`` is one of ``ids_``."""
+    cols = ", ".join(f"`{k}`" for k in SPEC[table].key)
+    out: set[tuple[int, ...]] = set()
     for i in range(0, len(ids_), IN_BATCH):
         part = ids_[i:i + IN_BATCH]
-        out |= {int(r[0]) for r in reader.query(
-            f"SELECT DISTINCT `{first}` FROM `{table}` WHERE `{col}` IN "
+        out |= {tuple(int(v) for v in r) for r in reader.query(
+            f"SELECT {cols} FROM `{table}` WHERE `{col}` IN "
             f"({','.join(['%s'] * len(part))})", part)}
+    return out
+
+
+def _selections(changes: Changes, table: str) -> list[tuple[Selection, list[str], bool]]:
+    """What to apply of ``table``: selections with the quarantine keys each stands for
+    (``prefix``: a first key column standing for all its rows)."""
+    whole = sorted(changes.keys.get(table, ()))
+    out = [(Selection.of(whole), [str(v) for v in whole], not SPEC[table].is_object)] \
+        if whole else []
+    taken = set(whole)
+    pairs = {p for p in changes.pairs.get(table, ()) if p[0] not in taken}
+    if pairs:
+        out.append((Selection.of_pairs(pairs), [f"{a}:{b}" for a, b in sorted(pairs)], False))
     return out
 
 
@@ -93,17 +126,13 @@ def apply(router: Router, token: FenceToken | None, reader: LegacyReader, quaran
           run: dict, changes: Changes) -> dict[str, int]:
     """Apply a batch of changes to the target and to ``run``'s quarantine; returns the
     legacy keys applied per table."""
-    keys = expand(reader, changes)
+    expand(reader, changes)
     st = ProcessState(reader, {}, Verdicts())  # the legacy data moved on: nothing cached
     applied: dict[str, int] = {}
     for table in ORDER:
-        values = sorted(keys.get(table, ()))
-        if not values:
-            continue
-        link = not SPEC[table].is_object
-
-        def record(bad: list, table=table, values=values, link=link) -> None:
-            quarantine.replace(run["run_id"], table, [str(v) for v in values], bad, link)
-        load_selection(router, token, st, run["params"], table, Selection.of(values), record)
-        applied[table] = len(values)
+        for sel, keys, prefix in _selections(changes, table):
+            def record(bad: list, table=table, keys=keys, prefix=prefix) -> None:
+                quarantine.replace(run["run_id"], table, keys, bad, prefix)
+            load_selection(router, token, st, run["params"], table, sel, record)
+            applied[table] = applied.get(table, 0) + len(keys)
     return applied
