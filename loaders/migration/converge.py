@@ -85,6 +85,25 @@ def stale_objects(table: LegacyTable, held: Held, target: TargetRows) -> Stale:
     return out
 
 
+def changed(target: TargetRows, held: Held, type_id: int) -> TargetRows:
+    """``target`` without what the target already holds as it is: object rows whose active
+    slot has the same document, ``legacy_id_map`` rows naming the same new ID (each read
+    for this selection just before). Mapping rows and other lookups stay: they were not
+    read, so a write killed half way is still completed."""
+    out = TargetRows(mappings=target.mappings)
+    for (shard, name), rows in target.objects.items():
+        keep = [r for r in rows if held.slots.get(ids.encode(shard, type_id, r[0]), (None,))[1:]
+                != (loads(r[1]),)]
+        if keep:
+            out.objects[(shard, name)] = keep
+    for (b, name), rows in target.lookups.items():
+        keep = rows if name != "legacy_id_map" else [
+            r for r in rows if held.mapped.get(r[1]) != r[2]]
+        if keep:
+            out.lookups[(b, name)] = keep
+    return out
+
+
 def stale_links(held: dict[str, set[tuple[int, int]]], target: TargetRows) -> Stale:
     """What a link table's selection must lose: rows held but no longer written."""
     want = {(name, a, b) for (_, name), rows in target.mappings.items() for a, b, _ in rows}

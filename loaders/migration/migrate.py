@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
 from loaders.migration import binlog, claims, converge, present
-from loaders.migration.build import Builder
+from loaders.migration.build import Builder, TargetRows
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.newids import IdCache, NewIds
 from loaders.migration.present import Selection
@@ -25,6 +25,7 @@ from loaders.migration.verdicts import Resolver, Verdict, Verdicts, user_placeme
 from loaders.migration.writer import write_all
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.settings import Settings
+from sharding import ids
 from sharding.fencing import FenceToken
 from sharding.router import Router
 
@@ -181,13 +182,17 @@ def load_selection(router: Router, token: FenceToken | None, st: ProcessState, p
     builder = Builder(spec, resolver, NewIds(router, st.id_cache), router.shardmap.buckets)
     target = builder.build(good)
     before = held(router, spec, sel, resolver)
-    found = claims.survey(router, target)
+
+    def writes(rows: TargetRows) -> TargetRows:  # what the target does not hold as it is
+        return converge.changed(rows, before, ids.TYPES[spec.type_name]) \
+            if spec.is_object else rows
+    found = claims.survey(router, writes(target))
     if found.taken:  # a corrupted target: those rows write nothing at all
         bad += [(table, legacy_key(spec, r), claims.TAKEN, found.taken[r["id"]])
                 for r, _ in good if r["id"] in found.taken]
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
-    write_all(router, token, target, found.held)
+    write_all(router, token, writes(target), found.held)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
     converge.apply(router, token, spec, stale)
