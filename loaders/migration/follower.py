@@ -45,6 +45,7 @@ class Follower:
     def run(self) -> None:
         """Lead when possible and follow until stopped (or caught up, if asked)."""
         reader = LegacyReader(self.settings.legacy_dsn)
+        readers = sync.Readers(self.settings.legacy_dsn)
         try:
             binlog.check_server(reader)
             while not self.stop.is_set():
@@ -54,13 +55,14 @@ class Follower:
                     self.stop.wait(LEASE_SECONDS / 4 if fence is None else 1.0)
                     continue
                 try:
-                    if self._follow(reader, fence, run):
+                    if self._follow(reader, readers, fence, run):
                         self.ledger.sync_state.release(fence)
                         return
                 except FencedError:
                     continue  # another process took over: wait to lead again
         finally:
             reader.close()
+            readers.close()
 
     def _run(self) -> dict | None:
         """The migrate run to follow: the latest, once it has ended (its chunks must not
@@ -80,7 +82,8 @@ class Follower:
             return state["gtid"]
         return run["params"]["binlog_pos"]
 
-    def _follow(self, reader: LegacyReader, fence: int, run: dict) -> bool:
+    def _follow(self, reader: LegacyReader, readers: sync.Readers, fence: int, run: dict
+                ) -> bool:
         """Stream and apply until stopped, caught up (if asked) or the lease is lost: each
         batch is every whole transaction read ahead while the last one applied (at most
         ``BATCH_ROWS`` keys), so a busy server gets larger batches, never a wait."""
@@ -90,19 +93,19 @@ class Follower:
             while not self.stop.is_set():
                 changes = sync.Changes()
                 mark = feed.take(changes, BATCH_ROWS)
-                self._flush(reader, fence, token, run, changes, mark)
+                self._flush(readers, fence, token, run, changes, mark)
                 if mark.idle and self.until_caught_up and self._caught_up(reader):
                     return True
             return True
         finally:
             feed.close()
 
-    def _flush(self, reader: LegacyReader, fence: int, token: FenceToken, run: dict,
+    def _flush(self, readers: sync.Readers, fence: int, token: FenceToken, run: dict,
                changes: sync.Changes, mark: binlog.Mark) -> None:
         """Apply ``changes``, then checkpoint ``mark`` (fenced at both ends)."""
         if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
             raise FencedError(f"sync lease {fence} lost")
-        applied = sync.apply(self.router, token, reader, self.ledger.quarantine, run, changes)
+        applied = sync.apply(self.router, token, readers, self.ledger.quarantine, run, changes)
         state = self.ledger.sync_state.read()
         if not applied and state.get("gtid") == mark.position:
             return

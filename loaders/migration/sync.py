@@ -12,16 +12,21 @@ boards, their pins, comments, follows and likes; a re-inserted one brings them b
 
 from __future__ import annotations
 
+import queue
 from collections import defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from farmcore.quarantine import Quarantine
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.migrate import ProcessState, load_selection
-from loaders.migration.newids import fits
+from loaders.migration.newids import IdCache, fits
 from loaders.migration.present import Selection
 from loaders.migration.spec import ORDER, SPEC
 from loaders.migration.verdicts import Verdicts
+from shardfarm.mysql.dsn import DSN
 from sharding.fencing import FenceToken
 from sharding.router import Router
 
@@ -33,6 +38,7 @@ DEPENDENTS: dict[str, tuple[tuple[str, str], ...]] = {
     "pins": (("comments", "pin_id"), ("likes", "pin_id")),
 }
 IN_BATCH = 1000
+APPLY_THREADS = 3  # selections applied at once, as chunks of different tables run at once
 
 
 @dataclass
@@ -122,17 +128,56 @@ def _selections(changes: Changes, table: str) -> list[tuple[Selection, list[str]
     return out
 
 
-def apply(router: Router, token: FenceToken | None, reader: LegacyReader, quarantine: Quarantine,
+class Readers:
+    """Legacy connections, one per thread applying a batch (``APPLY_THREADS``)."""
+
+    def __init__(self, dsn: DSN, threads: int = APPLY_THREADS) -> None:
+        self.threads = threads
+        self._free: queue.SimpleQueue[LegacyReader] = queue.SimpleQueue()
+        self._all = [LegacyReader(dsn) for _ in range(threads)]
+        for r in self._all:
+            self._free.put(r)
+
+    @contextmanager
+    def one(self) -> Iterator[LegacyReader]:
+        """A reader no other thread is using, for the ``with`` block's time."""
+        r = self._free.get()
+        try:
+            yield r
+        finally:
+            self._free.put(r)
+
+    def close(self) -> None:
+        """Drop every connection."""
+        for r in self._all:
+            r.close()
+
+
+def apply(router: Router, token: FenceToken | None, readers: Readers, quarantine: Quarantine,
           run: dict, changes: Changes) -> dict[str, int]:
     """Apply a batch of changes to the target and to ``run``'s quarantine; returns the
-    legacy keys applied per table."""
-    expand(reader, changes)
-    st = ProcessState(reader, {}, Verdicts())  # the legacy data moved on: nothing cached
-    applied: dict[str, int] = {}
-    for table in ORDER:
-        for sel, keys, prefix in _selections(changes, table):
-            def record(bad: list, table=table, keys=keys, prefix=prefix) -> None:
-                quarantine.replace(run["run_id"], table, keys, bad, prefix)
+    legacy keys applied per table.
+
+    Each table's selections are applied on threads of their own, as a migration's chunks
+    of different tables run at once on different workers: every selection reads the
+    legacy rows as they are now and makes its own table's target rows match them.
+    """
+    with readers.one() as reader:
+        expand(reader, changes)
+    jobs = sorted(((t, *s) for t in ORDER for s in _selections(changes, t)),
+                  key=lambda j: -len(j[2]))
+    cache: IdCache = {}  # the legacy data moved on: no verdict is kept from the last batch
+
+    def one(table: str, sel: Selection, keys: list[str], prefix: bool) -> None:
+        def record(bad: list) -> None:
+            quarantine.replace(run["run_id"], table, keys, bad, prefix)
+        with readers.one() as reader:
+            st = ProcessState(reader, cache, Verdicts())
             load_selection(router, token, st, run["params"], table, sel, record)
-            applied[table] = applied.get(table, 0) + len(keys)
-    return applied
+    with ThreadPoolExecutor(readers.threads, thread_name_prefix="sync-apply") as pool:
+        for f in [pool.submit(one, *job) for job in jobs]:
+            f.result()
+    applied: dict[str, int] = defaultdict(int)
+    for table, _, keys, _ in jobs:
+        applied[table] += len(keys)
+    return dict(applied)
