@@ -35,6 +35,7 @@ import bisect
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -321,9 +322,9 @@ def applied_keys(bench: Bench) -> dict[str, int]:
 
 
 def timed_farm(bench: Bench, *args: str, profile: str | None = None) -> tuple[float, str]:
-    """Seconds ``farm ARGS`` takes from start to exit, and its stdout; with ``profile``,
-    run under ``py-spy record`` (raw collapsed stacks written to that file)."""
-    cmd = [sys.executable, "-m", "scripts", *args]
+    """Seconds ``farm ARGS`` takes from start to exit, and its log (INFO, stderr); with
+    ``profile``, run under ``py-spy record`` (raw collapsed stacks written to that file)."""
+    cmd = [sys.executable, "-m", "scripts", "--log-level", "INFO", *args]
     if profile:
         spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
         cmd = [spy, "record", "--rate", "50", "--format", "raw", "--idle", "--threads",
@@ -334,7 +335,13 @@ def timed_farm(bench: Bench, *args: str, profile: str | None = None) -> tuple[fl
     if p.returncode:
         raise RuntimeError(f"farm {' '.join(args)} exited {p.returncode}: "
                            f"{p.stderr.strip()[-800:]}")
-    return time.perf_counter() - start, p.stdout
+    return time.perf_counter() - start, p.stderr
+
+
+def batches(log: str) -> list[tuple[int, float]]:
+    """``(keys, seconds)`` of every batch a ``farm sync`` log says it applied."""
+    found = re.findall(r"applied (\d+) legacy keys .* in ([\d.]+)s", log)
+    return [(int(k), float(t)) for k, t in found]
 
 
 def questions(server: PrivateMariaDB) -> tuple[int, int]:
@@ -403,6 +410,7 @@ class Result:
     sync_rows_read: tuple[int, int] = (0, 0)  # rows read: shard host, legacy
     sync_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)  # shard host, legacy, farm sync
     verify: str = ""
+    batches: list[tuple[int, float]] = field(default_factory=list)  # catch-up: (keys, seconds)
     rerun_rows: int = 0
     rerun_seconds: float = 0.0
 
@@ -464,7 +472,8 @@ def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.
     keys = applied_keys(bench)
     asked = (questions(bench.server), questions(legacy))
     servers = (cpu_seconds(bench.server.proc.pid), cpu_seconds(legacy.proc.pid), children_cpu())
-    r.sync_seconds, _ = timed_farm(bench, "sync", "--until-caught-up", profile=args.py_spy)
+    r.sync_seconds, log = timed_farm(bench, "sync", "--until-caught-up", profile=args.py_spy)
+    r.batches = batches(log)
     r.sync_cpu = (cpu_seconds(bench.server.proc.pid) - servers[0],
                   cpu_seconds(legacy.proc.pid) - servers[1], children_cpu() - servers[2])
     now = (questions(bench.server), questions(legacy))
@@ -524,7 +533,10 @@ def report(r: Result, args: argparse.Namespace) -> None:
                                                         r.sync_keys.items()) + ")"
           + f"; statements meanwhile: shard host {r.sync_statements[0]:,}, legacy "
           f"{r.sync_statements[1]:,}; rows read: shard host {r.sync_rows_read[0]:,}, "
-          f"legacy {r.sync_rows_read[1]:,}")
+          f"legacy {r.sync_rows_read[1]:,}; {len(r.batches)} batches applied in "
+          f"{sum(t for _, t in r.batches):.1f}s (max "
+          f"{max((t for _, t in r.batches), default=0):.2f}s, "
+          f"{sum(k for k, _ in r.batches) / max(1, len(r.batches)):,.0f} keys each)")
     if r.verify:
         print(r.verify)
     print(f"re-run reference: {r.rerun_rows:,} row changes, farm migrate --wait "

@@ -30,7 +30,7 @@ from loaders.migration.newids import fits
 from loaders.migration.present import Held
 from loaders.migration.retire import Edge, derived
 from loaders.migration.spec import SPEC, LegacyTable
-from loaders.migration.writer import write_mod
+from loaders.migration.writer import run_mod_statements, write_mod
 from sharding import ids
 from sharding.fencing import FenceToken
 from sharding.jsondoc import loads
@@ -125,11 +125,12 @@ def _unmap(router: Router, table: LegacyTable, mapped: dict[int, int]) -> None:
     for legacy, new in mapped.items():
         b = bucket_of(legacy_key(table.type_name, legacy), router.shardmap.buckets)
         by_bucket[b].append((legacy, new))
-    for b, rows in sorted(by_bucket.items()):
-        def tx(cur, b=b, rows=rows) -> None:
-            cur.executemany(f"DELETE FROM {mod_table(b, 'legacy_id_map')} WHERE type_id = {t} "
-                            "AND legacy_id = %s AND new_id = %s", rows)
-        router.run_mod(b, tx)
+    run_mod_statements(router, [
+        (b, f"DELETE FROM {mod_table(b, 'legacy_id_map')} WHERE type_id = {t} AND "
+            f"(legacy_id, new_id) IN ({','.join(['(%s,%s)'] * len(part))})",
+         tuple(v for row in part for v in row))
+        for b, rows in sorted(by_bucket.items())
+        for part in (sorted(rows)[i:i + IN_BATCH] for i in range(0, len(rows), IN_BATCH))])
 
 
 def relink(router: Router, reader: LegacyReader, builder: Builder,
@@ -139,10 +140,10 @@ def relink(router: Router, reader: LegacyReader, builder: Builder,
     if not lookups:
         return
     buckets = router.shardmap.buckets
-    for name, key, uid in sorted(lookups):
-        b = bucket_of(key, buckets)
-        sql = f"DELETE FROM {mod_table(b, name)} WHERE {LOOKUP_COLUMN[name]} = %s AND user_id = %s"
-        router.run_mod(b, lambda cur, sql=sql, key=key, uid=uid: cur.execute(sql, (key, uid)))
+    run_mod_statements(router, [
+        (b, f"DELETE FROM {mod_table(b, name)} WHERE {LOOKUP_COLUMN[name]} = %s AND "
+            "user_id = %s", (key, uid))
+        for name, key, uid in sorted(lookups) for b in (bucket_of(key, buckets),)])
     rows = TargetRows()
     users = SPEC["users"]
     for name in LOOKUP_COLUMN:

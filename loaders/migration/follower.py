@@ -13,6 +13,7 @@ again at most what came after it (harmless: applying is idempotent).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from shardfarm.settings import Settings
 from sharding.fencing import FenceToken
 from sharding.router import Router
 
+log = logging.getLogger(__name__)
 LEASE_SECONDS = 10.0
 BATCH_ROWS = 5000  # legacy keys per apply, at most
 
@@ -105,7 +107,12 @@ class Follower:
         """Apply ``changes``, then checkpoint ``mark`` (fenced at both ends)."""
         if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
             raise FencedError(f"sync lease {fence} lost")
+        began = time.monotonic()
         applied = sync.apply(self.router, token, readers, self.ledger.quarantine, run, changes)
+        if applied:
+            log.info("applied %d legacy keys (%s) in %.2fs, up to %s", sum(applied.values()),
+                     ", ".join(f"{t} {n}" for t, n in applied.items()),
+                     time.monotonic() - began, mark.position)
         state = self.ledger.sync_state.read()
         if not applied and state.get("gtid") == mark.position:
             return

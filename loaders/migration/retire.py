@@ -10,9 +10,9 @@ are one transaction, fenced when a token is given; every step is idempotent.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 
 from loaders.migration.spec import SELF, LegacyTable
+from shardfarm.parallel import run_parallel
 from sharding import fencing, ids
 from sharding.fencing import FenceToken
 from sharding.jsondoc import loads
@@ -21,7 +21,8 @@ from sharding.schema import MAPPING_TABLES, shard_table
 
 FORWARD_FROM = {t: [m.name for m in MAPPING_TABLES.values()
                     if m.reverse_of is None and m.from_type == t] for t in ids.TYPES.values()}
-IN_BATCH = 1000
+THREADS = 2  # shard transactions at once
+IN_BATCH = 500  # rows per statement: below the server's IN-to-join conversion
 Edge = tuple[str, int, int]  # (mapping table, from_id, to_id)
 
 
@@ -38,18 +39,24 @@ def derived(table: LegacyTable, new_id: int, doc: dict) -> tuple[set[Edge], set[
 def remove(router: Router, token: FenceToken | None, table: LegacyTable,
            objects: dict[int, int], edges: set[Edge]) -> None:
     """Retire ``objects`` (new ID -> the legacy ID its document must name) and delete
-    ``edges``; per shard one transaction."""
-    per_shard: dict[int, list[Callable]] = defaultdict(list)
+    ``edges``; per shard one transaction of a few statements (``IN`` lists), a few shards
+    at a time."""
+    retired: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for new, legacy in objects.items():
-        per_shard[new >> ids.SHARD_SHIFT].append(_retire(table, new, legacy))
+        retired[new >> ids.SHARD_SHIFT].append((new, legacy))
+    unlinked: dict[int, dict[str, list[tuple[int, int]]]] = defaultdict(lambda: defaultdict(list))
     for name, a, b in edges:
-        per_shard[a >> ids.SHARD_SHIFT].append(_unlink(name, a, b))
-    for shard, steps in sorted(per_shard.items()):
-        def tx(cur, shard=shard, steps=steps) -> None:
+        unlinked[a >> ids.SHARD_SHIFT][name].append((a, b))
+
+    def one(shard: int) -> None:
+        def tx(cur) -> None:
             fencing.check(cur, shard, token)
-            for step in steps:
-                step(cur, shard)
+            if shard in retired:
+                _retire(cur, shard, table, sorted(retired[shard]))
+            for name, pairs in sorted(unlinked.get(shard, {}).items()):
+                _unlink(cur, shard_table(shard, name), sorted(pairs))
         router.run(shard, tx)
+    run_parallel([(one, shard) for shard in sorted({*retired, *unlinked})], THREADS)
 
 
 def moved(router: Router, table: LegacyTable, objects: dict[int, int]) -> None:
@@ -72,18 +79,30 @@ def moved(router: Router, table: LegacyTable, objects: dict[int, int]) -> None:
     remove(router, None, table, objects, edges)
 
 
-def _retire(table: LegacyTable, new: int, legacy: int) -> Callable:
-    def step(cur, shard: int) -> None:
-        q = shard_table(shard, table.name)
-        cur.execute(f"UPDATE {q} SET active = 0 WHERE local_id = %s AND active = 1 "
-                    "AND JSON_VALUE(data, '$.legacy_id') = %s", (new & ids.MAX_LOCAL, legacy))
+def _retire(cur, shard: int, table: LegacyTable, objects: list[tuple[int, int]]) -> None:
+    """Inside a shard transaction: retire the slots of ``objects`` (``(new ID, legacy ID)``)
+    still active and naming that legacy ID, and delete every forward row from them."""
+    q = shard_table(shard, table.name)
+    for i in range(0, len(objects), IN_BATCH):
+        part = objects[i:i + IN_BATCH]
+        locals_ = [new & ids.MAX_LOCAL for new, _ in part]
+        cur.execute(f"UPDATE {q} SET active = 0 WHERE local_id IN ({_marks(len(part))}) AND "
+                    "active = 1 AND (local_id, JSON_VALUE(data, '$.legacy_id')) IN "
+                    f"({','.join(['(%s,%s)'] * len(part))})",
+                    [*locals_, *(v for (new, legacy), local in zip(part, locals_, strict=True)
+                                 for v in (local, str(legacy)))])
         for name in FORWARD_FROM[ids.TYPES[table.type_name]]:
-            cur.execute(f"DELETE FROM {shard_table(shard, name)} WHERE from_id = %s", (new,))
-    return step
+            cur.execute(f"DELETE FROM {shard_table(shard, name)} WHERE from_id IN "
+                        f"({_marks(len(part))})", [new for new, _ in part])
 
 
-def _unlink(name: str, a: int, b: int) -> Callable:
-    def step(cur, shard: int) -> None:
-        cur.execute(f"DELETE FROM {shard_table(shard, name)} WHERE from_id = %s AND to_id = %s",
-                    (a, b))
-    return step
+def _unlink(cur, q: str, pairs: list[tuple[int, int]]) -> None:
+    """Inside a shard transaction: delete the rows ``(from_id, to_id)`` of ``q``."""
+    for i in range(0, len(pairs), IN_BATCH):
+        part = pairs[i:i + IN_BATCH]
+        cur.execute(f"DELETE FROM {q} WHERE (from_id, to_id) IN "
+                    f"({','.join(['(%s,%s)'] * len(part))})", [v for p in part for v in p])
+
+
+def _marks(n: int) -> str:
+    return ",".join(["%s"] * n)

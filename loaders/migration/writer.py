@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from loaders.migration import claims
 from loaders.migration.build import TargetRows
 from shardfarm.mysql.infile import temp_tsv
+from shardfarm.parallel import run_parallel
 from sharding import fencing
 from sharding.fencing import FenceToken
 from sharding.router import Router
@@ -128,17 +129,6 @@ def write_all(router: Router, token: FenceToken | None, rows: TargetRows,
         mod.result()
 
 
-def run_parallel(calls: list[tuple], threads: int) -> None:
-    """Run ``fn(*args)`` for each call on a thread pool; the first error is raised."""
-    if len(calls) <= 1 or threads <= 1:
-        for fn, *args in calls:
-            fn(*args)
-        return
-    with ThreadPoolExecutor(threads, thread_name_prefix="shard-writer") as pool:
-        for f in [pool.submit(fn, *args) for fn, *args in calls]:
-            f.result()
-
-
 def _mod_statements(conn, b: int, table: str, rows: list[tuple]) -> list[str]:
     cols, tail = MOD_UPSERT[table]
     q = mod_table(b, table)
@@ -160,6 +150,25 @@ def write_mod(router: Router, rows: TargetRows) -> None:
     for groups in per_server.values():
         for part in _by_statements(groups, MOD_TX_STATEMENTS):
             router.run_mod(part[0][0], partial(_upsert_lookups, part), multi=True)
+
+
+def run_mod_statements(router: Router, statements: list[tuple[int, str, tuple]]) -> None:
+    """Statements ``(bucket, sql, params)`` on mod buckets: per mod server, transactions of
+    ``MOD_TX_STATEMENTS`` statements, each sent as one multi-statement round trip."""
+    m = router.shardmap
+    per_server: dict[tuple, list[tuple[int, str, tuple]]] = defaultdict(list)
+    for st in statements:
+        per_server[m.mod_master(st[0]).server].append(st)
+    for group in per_server.values():
+        for i in range(0, len(group), MOD_TX_STATEMENTS):
+            part = group[i:i + MOD_TX_STATEMENTS]
+            router.run_mod(part[0][0], partial(_multi, part), multi=True)
+
+
+def _multi(part: list[tuple[int, str, tuple]], cur) -> None:
+    cur.execute(";\n".join(cur.mogrify(sql, params) for _, sql, params in part))
+    while cur.nextset():
+        pass
 
 
 def _by_statements(groups: list[tuple[int, str, list]], limit: int) -> list[list[tuple]]:
