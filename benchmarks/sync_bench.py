@@ -278,7 +278,8 @@ def farm_env(bench: Bench) -> dict[str, str]:
 def start_sync(bench: Bench) -> subprocess.Popen:
     """One ``farm sync`` process, its output to a file in the work directory."""
     with open(bench.workdir / "sync.log", "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "scripts", "sync"], env=farm_env(bench),
+        return subprocess.Popen([sys.executable, "-m", "scripts", "--log-level", "INFO", "sync"],
+                                env=farm_env(bench),
                                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
@@ -336,6 +337,15 @@ def timed_farm(bench: Bench, *args: str, profile: str | None = None) -> tuple[fl
         raise RuntimeError(f"farm {' '.join(args)} exited {p.returncode}: "
                            f"{p.stderr.strip()[-800:]}")
     return time.perf_counter() - start, p.stderr
+
+
+def describe(found: list[tuple[int, float]]) -> str:
+    """Batches applied, their seconds and size."""
+    if not found:
+        return "no batch logged"
+    secs = [t for _, t in found]
+    return (f"{len(found)} batches applied in {sum(secs):.1f}s (mean {sum(secs) / len(secs):.2f}s"
+            f", max {max(secs):.2f}s; {sum(k for k, _ in found) / len(found):,.0f} keys each)")
 
 
 def batches(log: str) -> list[tuple[int, float]]:
@@ -411,6 +421,7 @@ class Result:
     sync_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0)  # shard host, legacy, farm sync
     verify: str = ""
     batches: list[tuple[int, float]] = field(default_factory=list)  # catch-up: (keys, seconds)
+    lag_batches: list[tuple[int, float]] = field(default_factory=list)  # while following
     rerun_rows: int = 0
     rerun_seconds: float = 0.0
 
@@ -458,6 +469,7 @@ def lag_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.N
         r.lag_keys = sum(applied_keys(bench).values()) - sum(keys.values())
     finally:
         stop_group(sync)
+        r.lag_batches = batches((bench.workdir / "sync.log").read_text(errors="replace"))
 
 
 def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.Namespace,
@@ -523,7 +535,7 @@ def report(r: Result, args: argparse.Namespace) -> None:
           f"{max(secs, default=0):.2f} / p95 {p95(secs):.2f} (farm sync status's own "
           f"lag_seconds: max {max(status_secs, default=0)} / p95 {p95(status_secs):.0f}); "
           f"caught up {r.drain_seconds:.2f}s after the load stopped; {r.lag_keys:,} legacy "
-          f"keys applied (touched keys and their cascades, per batch)")
+          f"keys applied (touched keys and their cascades, per batch); {describe(r.lag_batches)}")
     print(f"sync apply: backlog of {r.backlog_rows:,} row changes (written in "
           f"{r.backlog_write_seconds:.1f}s), farm sync --until-caught-up {r.sync_seconds:.1f}s "
           f"(process start to exit) = {sync_rate:,.0f} row changes/s; CPU seconds meanwhile: "
@@ -533,10 +545,8 @@ def report(r: Result, args: argparse.Namespace) -> None:
                                                         r.sync_keys.items()) + ")"
           + f"; statements meanwhile: shard host {r.sync_statements[0]:,}, legacy "
           f"{r.sync_statements[1]:,}; rows read: shard host {r.sync_rows_read[0]:,}, "
-          f"legacy {r.sync_rows_read[1]:,}; {len(r.batches)} batches applied in "
-          f"{sum(t for _, t in r.batches):.1f}s (max "
-          f"{max((t for _, t in r.batches), default=0):.2f}s, "
-          f"{sum(k for k, _ in r.batches) / max(1, len(r.batches)):,.0f} keys each)")
+          f"legacy {r.sync_rows_read[1]:,}; {describe(r.batches)}")
+    print("catch-up batches (keys/seconds): " + ", ".join(f"{k:,}/{t:.2f}" for k, t in r.batches))
     if r.verify:
         print(r.verify)
     print(f"re-run reference: {r.rerun_rows:,} row changes, farm migrate --wait "
