@@ -1,7 +1,10 @@
 """Binlog positions and row images as ``farm sync`` reads them (pure functions), and the
 keys a batch of changes touches."""
 
+import pytest
+
 from loaders.migration import binlog
+from loaders.migration.present import Selection
 from loaders.migration.sync import Changes
 
 
@@ -38,3 +41,10 @@ def test_changes_cascade_only_when_a_judged_column_changes():
     assert c.keys["follows"] == {4}  # an allocated local ID names no key: the user whole
     c.add("elsewhere", None, {"id": 1})  # a table the migration does not read
     assert c.rows() == 5
+
+
+def test_a_selection_of_pairs_takes_small_ids_only():
+    sel = Selection.of_pairs({(7, 42), (3, 9), (7, 1)})
+    assert sel.values == (3, 7) and sel.pairs == {(7, 42), (3, 9), (7, 1)}
+    with pytest.raises(ValueError):
+        Selection.of_pairs({(7, 1 << 35)})

@@ -23,7 +23,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.legacy_schema import LEGACY_COLUMNS
-from shardfarm.errors import ConfigError, FatalError
+from shardfarm.errors import ConfigError, FatalError, TransientDatabaseError
 from shardfarm.mysql.dsn import DSN
 
 UNSIGNED = 1 << 64
@@ -189,6 +189,8 @@ class Feed:
             for item in stream(dsn, start):
                 if not self._put(item):
                     return
+            self._put(TransientDatabaseError(
+                f"the binlog stream of {dsn.host}:{dsn.port} ended: run farm sync again"))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
             self._put(exc)
 
