@@ -232,3 +232,34 @@ def test_sync_refuses_a_purged_position(live, ledger, legacy_server):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "purged" in lines[0] and "full re-run" in lines[0], out.stderr
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_binlog_reader_process_ends_with_its_follower(legacy_server):
+    """SIGKILL the process following the binlog: its reader process ends by itself."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+    pos = legacy_server.sql("SELECT @@gtid_binlog_pos")[0][0]
+    code = ("import time\nfrom loaders.migration.feed import Feed\n"
+            "from shardfarm.mysql.dsn import DSN\n"
+            f"f = Feed(DSN.parse('mysql://root@127.0.0.1:{legacy_server.port}/legacy'), "
+            f"'{pos}')\nprint(f._proc.pid, flush=True)\ntime.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    reader = int(parent.stdout.readline())
+    assert _running(reader)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    parent.stdout.close()
+    faults.wait_until(lambda: not _running(reader), "the reader process to end", timeout=15)

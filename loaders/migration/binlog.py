@@ -9,12 +9,9 @@ checkpoint never falls inside one.
 from __future__ import annotations
 
 import logging
-import queue
 import random
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
@@ -23,7 +20,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.legacy_schema import LEGACY_COLUMNS
-from shardfarm.errors import ConfigError, FatalError, TransientDatabaseError
+from shardfarm.errors import ConfigError, FatalError
 from shardfarm.mysql.dsn import DSN
 
 UNSIGNED = 1 << 64
@@ -162,60 +159,3 @@ def named(table: str, values: dict) -> dict:
     # ...nor signedness: every integer column of the legacy schema is BIGINT UNSIGNED
     return {k: v + UNSIGNED if isinstance(v, int) and v < 0 else v for k, v in values.items()}
 
-
-class Batch(Protocol):
-    """What ``Feed.take`` fills: row changes in, keys counted."""
-
-    def add(self, table: str, before: dict | None, after: dict | None) -> None:
-        """One row change."""
-
-    def rows(self) -> int:
-        """Keys held."""
-
-
-class Feed:
-    """``stream`` read ahead on a thread of its own (decoding overlaps applying), handed out
-    as whole transactions. Bounded: the reader waits while ``limit`` items are unread."""
-
-    def __init__(self, dsn: DSN, start: str, limit: int = 50_000) -> None:
-        self._items: queue.Queue = queue.Queue(limit)
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(dsn, start), daemon=True,
-                                        name="binlog-feed")
-        self._thread.start()
-
-    def _read(self, dsn: DSN, start: str) -> None:
-        try:
-            for item in stream(dsn, start):
-                if not self._put(item):
-                    return
-            self._put(TransientDatabaseError(
-                f"the binlog stream of {dsn.host}:{dsn.port} ended: run farm sync again"))
-        except Exception as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-            self._put(exc)
-
-    def _put(self, item: object) -> bool:
-        while not self._closed.is_set():
-            try:
-                self._items.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def take(self, batch: Batch, most: int) -> Mark:
-        """Add to ``batch`` the row changes of whole transactions until the end of one finds
-        nothing more read ahead, or ``batch`` holds ``most`` keys, or the server is idle;
-        returns that transaction's end (or the idle mark). Blocks for the first."""
-        while True:
-            item = self._items.get()
-            if isinstance(item, Exception):
-                raise item
-            if isinstance(item, Change):
-                batch.add(item.table, item.before, item.after)
-            elif item.idle or batch.rows() >= most or self._items.empty():
-                return item
-
-    def close(self) -> None:
-        """Stop reading (the thread ends at its next event or heartbeat)."""
-        self._closed.set()

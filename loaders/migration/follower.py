@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from farmcore.ledger import Ledger
 from loaders.migration import binlog, sync
+from loaders.migration.feed import Feed
 from loaders.migration.legacy import LegacyReader
 from shardfarm.errors import ConfigError, FarmError, FencedError
 from shardfarm.mysql.dsn import DSN
@@ -90,7 +91,7 @@ class Follower:
         batch is every whole transaction read ahead while the last one applied (at most
         ``BATCH_ROWS`` keys), so a busy server gets larger batches, never a wait."""
         token = FenceToken("sync", 0, fence)
-        feed = binlog.Feed(self.settings.legacy_dsn, self._start(run))
+        feed = Feed(self.settings.legacy_dsn, self._start(run))
         try:
             while not self.stop.is_set():
                 changes = sync.Changes()

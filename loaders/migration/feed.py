@@ -1,0 +1,121 @@
+"""The binlog read ahead by a process of its own (``farm sync``): decoding row events is
+pure Python (``pymysqlreplication``), about a third of a follower's CPU, so it runs beside
+the apply instead of taking turns with it for one interpreter.
+
+The reader process sends each change reduced to what ``farm sync`` looks at (the legacy
+table's key and judged columns) and each transaction's end, as JSON over a pipe; the
+pipe is bounded, so a reader ahead of the apply waits. It exits with its parent: a write
+to a closed pipe (at the latest at the next heartbeat, every second) ends it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections import deque
+from contextlib import suppress
+from typing import Protocol
+
+import orjson
+
+from loaders.migration.binlog import Change, Mark, PurgedPositionError, stream
+from loaders.migration.spec import SPEC
+from shardfarm.errors import FarmError, TransientDatabaseError
+from shardfarm.mysql.dsn import DSN
+
+CHANGE, MARK, ERROR = 0, 1, 2
+SEND_ITEMS = 2000  # changes per message inside a large transaction
+
+
+class Batch(Protocol):
+    """What ``Feed.take`` fills: row changes in, keys counted."""
+
+    def add(self, table: str, before: dict | None, after: dict | None) -> None:
+        """One row change."""
+
+    def rows(self) -> int:
+        """Keys held."""
+
+
+class Feed:
+    """Row changes of whole transactions from ``start`` on, read ahead by a child process."""
+
+    def __init__(self, dsn: DSN, start: str) -> None:
+        ctx = multiprocessing.get_context("spawn")  # no copy of this process's threads
+        self._recv, send = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_read, args=(dsn, start, send), daemon=True,
+                                 name="farm-sync-binlog")
+        self._proc.start()
+        send.close()
+        self._items: deque = deque()
+
+    def _next(self) -> list:
+        while not self._items:
+            try:
+                self._items.extend(orjson.loads(self._recv.recv_bytes()))
+            except (EOFError, OSError):
+                raise TransientDatabaseError("the binlog reader process ended (exit "
+                                             f"{self._proc.exitcode}): run farm sync again"
+                                             ) from None
+        return self._items.popleft()
+
+    def take(self, batch: Batch, most: int) -> Mark:
+        """Add to ``batch`` the row changes of whole transactions until the end of one finds
+        nothing more read ahead, or ``batch`` holds ``most`` keys, or the server is idle;
+        returns that transaction's end (or the idle mark). Blocks for the first."""
+        while True:
+            kind, *rest = self._next()
+            if kind == CHANGE:
+                batch.add(*rest)
+                continue
+            if kind == ERROR:
+                raise _error(*rest)
+            mark = Mark(*rest)
+            if mark.idle or batch.rows() >= most or not (self._items or self._recv.poll(0)):
+                return mark
+
+    def close(self) -> None:
+        """Stop the reader process."""
+        self._recv.close()
+        self._proc.terminate()
+        self._proc.join(5)
+
+
+def _error(kind: str, message: str) -> FarmError:
+    return (PurgedPositionError if kind == "purged" else TransientDatabaseError)(message)
+
+
+def _judged(table: str, image: dict | None) -> dict | None:
+    """The columns of a row image ``farm sync`` decides by: the key and the judged ones."""
+    if image is None:
+        return None
+    return {c: image[c] for c in SPEC[table].judge_columns if c in image}
+
+
+def _read(dsn: DSN, start: str, send) -> None:
+    """The reader process: stream, reduce, send; an error is sent as the last message."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which stops this
+    out: list = []
+    try:
+        for item in stream(dsn, start):
+            if isinstance(item, Change):
+                if item.table in SPEC:
+                    out.append([CHANGE, item.table, _judged(item.table, item.before),
+                                _judged(item.table, item.after)])
+                if len(out) < SEND_ITEMS:
+                    continue
+            else:
+                out.append([MARK, item.position, item.timestamp, item.idle])
+            send.send_bytes(orjson.dumps(out, default=str))
+            out = []
+        out.append([ERROR, "ended", f"the binlog stream of {dsn.host}:{dsn.port} ended: "
+                                    "run farm sync again"])
+    except PurgedPositionError as exc:
+        out.append([ERROR, "purged", str(exc)])
+    except (BrokenPipeError, EOFError):
+        return  # the parent is gone
+    except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
+        out.append([ERROR, "other", f"reading the binlog of {dsn.host}:{dsn.port}: "
+                                    f"{type(exc).__name__}: {exc}"])
+    with suppress(OSError):
+        send.send_bytes(orjson.dumps(out, default=str))
