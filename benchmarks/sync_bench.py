@@ -361,6 +361,20 @@ def questions(server: PrivateMariaDB) -> tuple[int, int]:
     return int(got["Questions"]), int(got["Rows_read"])
 
 
+def start_table_stats(server: PrivateMariaDB) -> None:
+    """Count rows read per table from now on (MariaDB's ``userstat``)."""
+    server.sql("SET GLOBAL userstat = 1")
+    server.sql("FLUSH TABLE_STATISTICS")
+
+
+def table_stats(server: PrivateMariaDB, top: int = 6) -> list[tuple[str, int]]:
+    """The tables (over every shard and bucket) whose rows were read most since
+    ``start_table_stats``."""
+    return [(str(t), int(n)) for t, n in server.sql(
+        "SELECT REGEXP_REPLACE(TABLE_NAME, '_[0-9]+$', ''), SUM(ROWS_READ) n FROM "
+        "information_schema.TABLE_STATISTICS GROUP BY 1 ORDER BY n DESC LIMIT %s", (top,))]
+
+
 def children_cpu() -> float:
     """CPU seconds of the waited-for child processes so far."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -422,6 +436,7 @@ class Result:
     verify: str = ""
     batches: list[tuple[int, float]] = field(default_factory=list)  # catch-up: (keys, seconds)
     lag_batches: list[tuple[int, float]] = field(default_factory=list)  # while following
+    read_most: list[tuple[str, int]] = field(default_factory=list)  # shard host, catch-up
     rerun_rows: int = 0
     rerun_seconds: float = 0.0
 
@@ -484,6 +499,7 @@ def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.
     keys = applied_keys(bench)
     asked = (questions(bench.server), questions(legacy))
     servers = (cpu_seconds(bench.server.proc.pid), cpu_seconds(legacy.proc.pid), children_cpu())
+    start_table_stats(bench.server)
     r.sync_seconds, log = timed_farm(bench, "sync", "--until-caught-up", profile=args.py_spy)
     r.batches = batches(log)
     r.sync_cpu = (cpu_seconds(bench.server.proc.pid) - servers[0],
@@ -491,6 +507,7 @@ def sync_phase(bench: Bench, legacy: PrivateMariaDB, load: Load, args: argparse.
     now = (questions(bench.server), questions(legacy))
     r.sync_statements = (now[0][0] - asked[0][0], now[1][0] - asked[1][0])
     r.sync_rows_read = (now[0][1] - asked[0][1], now[1][1] - asked[1][1])
+    r.read_most = table_stats(bench.server)
     after = applied_keys(bench)
     r.sync_keys = {t: n - keys.get(t, 0) for t, n in after.items() if n - keys.get(t, 0)}
     wait_caught_up(bench, legacy.port, None, timeout=5)  # it did apply everything
@@ -546,6 +563,8 @@ def report(r: Result, args: argparse.Namespace) -> None:
           + f"; statements meanwhile: shard host {r.sync_statements[0]:,}, legacy "
           f"{r.sync_statements[1]:,}; rows read: shard host {r.sync_rows_read[0]:,}, "
           f"legacy {r.sync_rows_read[1]:,}; {describe(r.batches)}")
+    print("shard host rows read during the catch-up, by table: "
+          + ", ".join(f"{t} {n:,}" for t, n in r.read_most))
     print("catch-up batches (keys/seconds): " + ", ".join(f"{k:,}/{t:.2f}" for k, t in r.batches))
     if r.verify:
         print(r.verify)

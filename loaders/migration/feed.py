@@ -11,7 +11,9 @@ to a closed pipe (at the latest at the next heartbeat, every second) ends it.
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import signal
+import threading
 from collections import deque
 from contextlib import suppress
 from typing import Protocol
@@ -38,25 +40,43 @@ class Batch(Protocol):
 
 
 class Feed:
-    """Row changes of whole transactions from ``start`` on, read ahead by a child process."""
+    """Row changes of whole transactions from ``start`` on, read ahead by a child process
+    and drained from its pipe by a thread (a pipe holds 64 KiB: without it, read-ahead
+    would stop at a few hundred changes). Bounded: ``limit`` messages at most."""
 
-    def __init__(self, dsn: DSN, start: str) -> None:
+    def __init__(self, dsn: DSN, start: str, limit: int = 20_000) -> None:
         ctx = multiprocessing.get_context("spawn")  # no copy of this process's threads
-        self._recv, send = ctx.Pipe(duplex=False)
+        recv, send = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_read, args=(dsn, start, send), daemon=True,
                                  name="farm-sync-binlog")
         self._proc.start()
         send.close()
+        self._messages: queue.Queue[list] = queue.Queue(limit)
         self._items: deque = deque()
+        self._closed = threading.Event()
+        threading.Thread(target=self._drain, args=(recv,), daemon=True,
+                         name="binlog-pipe").start()
+
+    def _drain(self, recv) -> None:
+        with recv:
+            while not self._closed.is_set():
+                try:
+                    message = orjson.loads(recv.recv_bytes())
+                except (EOFError, OSError):
+                    message = [[ERROR, "gone", "the binlog reader process ended (exit "
+                                f"{self._proc.exitcode}): run farm sync again"]]
+                while not self._closed.is_set():
+                    try:
+                        self._messages.put(message, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if message and message[-1][0] == ERROR:
+                    return
 
     def _next(self) -> list:
         while not self._items:
-            try:
-                self._items.extend(orjson.loads(self._recv.recv_bytes()))
-            except (EOFError, OSError):
-                raise TransientDatabaseError("the binlog reader process ended (exit "
-                                             f"{self._proc.exitcode}): run farm sync again"
-                                             ) from None
+            self._items.extend(self._messages.get())
         return self._items.popleft()
 
     def take(self, batch: Batch, most: int) -> Mark:
@@ -71,13 +91,14 @@ class Feed:
             if kind == ERROR:
                 raise _error(*rest)
             mark = Mark(*rest)
-            if mark.idle or batch.rows() >= most or not (self._items or self._recv.poll(0)):
+            if mark.idle or batch.rows() >= most or not (self._items or
+                                                         self._messages.qsize()):
                 return mark
 
     def close(self) -> None:
-        """Stop the reader process."""
-        self._recv.close()
-        self._proc.terminate()
+        """Stop the reader process and the thread draining its pipe."""
+        self._closed.set()
+        self._proc.kill()  # it ignores SIGTERM (see ``_read``)
         self._proc.join(5)
 
 
@@ -94,7 +115,8 @@ def _judged(table: str, image: dict | None) -> dict | None:
 
 def _read(dsn: DSN, start: str, send) -> None:
     """The reader process: stream, reduce, send; an error is sent as the last message."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the parent, which stops this
+    for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the group: the parent stops, and
+        signal.signal(sig, signal.SIG_IGN)        # stops this one when it is done
     out: list = []
     try:
         for item in stream(dsn, start):

@@ -29,6 +29,7 @@ from sharding.schema import mod_table, shard_table
 
 UNION_PARTS = 200
 MAX_PARAMS = 20_000
+IN_LIMIT = 1000  # MariaDB makes a longer IN list a join that may scan the whole index
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,17 @@ def union_read(router: Router, numbers: list[int], host_of: Callable,
     return out
 
 
+def split_read(router: Router, sels: dict[int, Selection], host_of: Callable,
+               part: Callable[[int, Selection], tuple[str, list]]) -> list[tuple]:
+    """``union_read`` of ``part(n, piece)`` for every shard or bucket ``n`` and every piece
+    of its selection: a list is cut into ``IN_LIMIT`` values a piece (each one index read)."""
+    pieces = [(n, sel if sel.values is None else Selection.of(list(sel.values[i:i + IN_LIMIT])))
+              for n, sel in sels.items()
+              for i in (range(0, len(sel.values), IN_LIMIT) if sel.values is not None else [0])]
+    return union_read(router, list(range(len(pieces))), lambda i: host_of(pieces[i][0]),
+                      lambda i: part(*pieces[i]))
+
+
 def shard_read(router: Router, part: Callable[[int], tuple[str, list]]) -> list[tuple]:
     """``union_read`` over every shard of the map."""
     return union_read(router, list(router.shardmap.shards()), router.host_for, part)
@@ -125,11 +137,11 @@ def mapped_ids(router: Router, type_name: str, sel: Selection) -> dict[int, int]
             groups[bucket_of(legacy_key(type_name, v), m.buckets)].append(v)
         buckets = {b: Selection.of(vs) for b, vs in groups.items()}
 
-    def part(b: int) -> tuple[str, list]:
-        cond, params = buckets[b].where("legacy_id")
+    def part(b: int, piece: Selection) -> tuple[str, list]:
+        cond, params = piece.where("legacy_id")
         return (f"SELECT legacy_id, new_id FROM {mod_table(b, 'legacy_id_map')} "
                 f"WHERE type_id = {t} AND {cond}", params)
-    rows = union_read(router, sorted(buckets), m.mod_master, part)
+    rows = split_read(router, dict(sorted(buckets.items())), m.mod_master, part)
     return {int(legacy): int(new) for legacy, new in rows}
 
 
@@ -142,10 +154,11 @@ def _active_slots(s: int, name: str, sel: Selection) -> tuple[str, list]:
 
 
 def _slots_small(router: Router, name: str, type_id: int, sel: Selection) -> list[tuple]:
-    def part(s: int) -> tuple[str, list]:
-        return _active_slots(s, name, sel)
+    def part(s: int, piece: Selection) -> tuple[str, list]:
+        return _active_slots(s, name, piece)
+    sels = {s: sel for s in router.shardmap.shards()}
     return [(ids.encode(s, type_id, local), local, data)
-            for s, local, data in shard_read(router, part)]
+            for s, local, data in split_read(router, sels, router.host_for, part)]
 
 
 def _slots_by_id(router: Router, name: str, new_ids: list[int]) -> list[tuple]:
@@ -154,9 +167,9 @@ def _slots_by_id(router: Router, name: str, new_ids: list[int]) -> list[tuple]:
         by_shard[n >> ids.SHARD_SHIFT].append(n & ids.MAX_LOCAL)
     sels = {s: Selection.of(v) for s, v in by_shard.items()}
 
-    def part(s: int) -> tuple[str, list]:
-        return _active_slots(s, name, sels[s])
-    rows = union_read(router, sorted(sels), router.host_for, part)
+    def part(s: int, piece: Selection) -> tuple[str, list]:
+        return _active_slots(s, name, piece)
+    rows = split_read(router, dict(sorted(sels.items())), router.host_for, part)
     type_id = next(iter(new_ids)) >> ids.TYPE_SHIFT & ids.MAX_TYPE if new_ids else 0
     return [(ids.encode(s, type_id, local), local, data) for s, local, data in rows]
 
@@ -211,10 +224,10 @@ def held_links(router: Router, table: str, sel: Selection,
         by_shard[u >> ids.SHARD_SHIFT].append(u)
     sels = {s: Selection.of(v) for s, v in by_shard.items()}
 
-    def listed_part(s: int) -> tuple[str, list]:
-        cond, params = sels[s].where("from_id")
+    def listed_part(s: int, piece: Selection) -> tuple[str, list]:
+        cond, params = piece.where("from_id")
         return f"SELECT from_id, to_id FROM {shard_table(s, table)} WHERE {cond}", params
-    rows += union_read(router, sorted(sels), router.host_for, listed_part)
+    rows += split_read(router, dict(sorted(sels.items())), router.host_for, listed_part)
     held = {(int(a), int(b)) for a, b in rows}
     if sel.pairs is None:
         return held
