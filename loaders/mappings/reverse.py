@@ -3,12 +3,13 @@
 Chunks are a reverse table and about ``chunk_rows`` forward rows: from_id ranges of one
 or several source shards (small shards packed together). A chunk has each source's
 server turn ``(a, b, seq)`` into ``(b, a, seq)`` rendered as ``LOAD DATA`` text grouped
-by the shard of the new from ID (no row is parsed by the worker), and loads each
-destination shard's text in one fenced transaction, a few shards at a time. Followers of a board are
-written by one transaction per home shard that share-locks that shard's hotspot
-directory first: a hot board's rows go to its listed shard (committed before the
-home commit) and home too while it is not spread, so a rebalance can neither flip
-nor clean a board under the writer, and no row lands where no reader looks.
+by the shard of the new from ID (no row is parsed by the worker; the parts are read a
+few at a time), and loads each destination shard's text in one fenced transaction, a few
+shards at a time. Followers of a board are written by one transaction per home shard
+that share-locks that shard's hotspot directory first: a hot board's rows go to its
+listed shard (committed before the home commit) and home too while it is not spread, so
+a rebalance can neither flip nor clean a board under the writer, and no row lands where
+no reader looks.
 """
 
 from __future__ import annotations
@@ -129,19 +130,34 @@ def reverse_chunk(ctx: ChunkContext, table: str, parts: list[list[int]] | None =
                   ) -> Outcome:
     """Chunk handler: write the reverse of the forward rows of ``parts`` (``[shard, lo,
     hi]`` each; a chunk planned before packing names one ``shard, lo, hi``), one fenced
-    transaction per destination shard."""
-    texts: dict[int, list] = {}
-    for src, a, b in parts or [[shard, lo, hi]]:
-        for dest, (text, n) in _reverse_text(ctx, REVERSES[table], src, a, b).items():
-            have = texts.setdefault(dest, ["", 0])
-            have[0] += text
-            have[1] += n
-        ctx.check()
+    transaction per destination shard. Parts are read and destinations written
+    ``writer.WRITE_THREADS`` at a time."""
+    texts = _read_parts(ctx, REVERSES[table], parts or [[shard, lo, hi]])
     written: list[int] = []
     writer.run_parallel([(_write_dest, ctx, table, dest, text, n, written)
                          for dest, (text, n) in sorted(texts.items())], writer.WRITE_THREADS)
     rows, done = sum(n for _text, n in texts.values()), sum(written)
     return Outcome(rows_read=rows, rows_written=done, counts={table: done})
+
+
+def _read_parts(ctx: ChunkContext, forward: str, parts: list[list[int]]
+                ) -> dict[int, tuple[str, int]]:
+    """``{dest: (text, rows)}`` of every part's reverse rows, each destination's text the
+    parts' texts in part order."""
+    got: list[dict[int, tuple[str, int]]] = [{} for _ in parts]
+
+    def read(i: int, src: int, a: int, b: int) -> None:
+        got[i] = _reverse_text(ctx, forward, src, a, b)
+        ctx.check()
+    writer.run_parallel([(read, i, *part) for i, part in enumerate(parts)],
+                        writer.WRITE_THREADS)
+    texts: dict[int, list] = {}
+    for part in got:
+        for dest, (text, n) in part.items():
+            have = texts.setdefault(dest, [[], 0])
+            have[0].append(text)
+            have[1] += n
+    return {dest: ("".join(chunks), n) for dest, (chunks, n) in texts.items()}
 
 
 def _reverse_text(ctx: ChunkContext, forward: str, shard: int, lo: int, hi: int
