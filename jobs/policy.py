@@ -24,16 +24,19 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import cache
 
 from shardfarm.errors import FatalError
 
 ENV = "FARM_JOB_MODULES"
 ENTRY_POINT = "jobs.items.run_items"
 CHUNK_FUNCTION = "jobs.chunk.run_chunk"
-_HANDLER_MODULES = ("loaders.migration.migrate", "loaders.migration.verify",
-                    "loaders.mappings.reverse", "loaders.mappings.rebalance", "loaders.feeds",
-                    "exporters.export", "loaders.capacity.copy")
+# The chunk handlers of the farm's own runs (each module's ``HANDLER``; a test checks they
+# agree), named as text: checking a run's handler imports nothing but that handler's module.
+FARM_HANDLERS = frozenset({
+    "loaders.migration.migrate.load_chunk", "loaders.migration.verify.verify_chunk",
+    "loaders.mappings.reverse.reverse_chunk", "loaders.mappings.rebalance.rebalance_board",
+    "loaders.feeds.rebuild_chunk", "exporters.export.export_chunk",
+    "loaders.capacity.copy.copy_chunk"})
 # Runs record their handler by name in the control database: a run started before the
 # handlers moved still names the old module, and is served by the same function.
 RENAMED_HANDLERS = {
@@ -47,12 +50,6 @@ _DOTTED = re.compile(r"^[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*$")
 
 class ForbiddenJobError(FatalError):
     """A job names code the workers are not allowed to run (refused before any import)."""
-
-
-@cache
-def farm_handlers() -> frozenset[str]:
-    """The chunk handlers of the farm's own runs (migrate, verify, reverse, …)."""
-    return frozenset(importlib.import_module(m).HANDLER for m in _HANDLER_MODULES)
 
 
 def parse_modules(values: Iterable[str]) -> tuple[str, ...]:
@@ -107,7 +104,7 @@ class JobPolicy:
         """Why a run's chunk handler may not run (``None``: it may)."""
         if isinstance(dotted, str):
             dotted = RENAMED_HANDLERS.get(dotted, dotted)
-        return self._refuse(dotted, farm_handlers(), "chunk handler")
+        return self._refuse(dotted, FARM_HANDLERS, "chunk handler")
 
     def load_item(self, dotted: str) -> Callable:
         """The item function ``dotted``, checked before and after import."""
@@ -117,7 +114,7 @@ class JobPolicy:
         """The chunk handler ``dotted`` (under its current name if it moved), checked before
         and after import."""
         dotted = RENAMED_HANDLERS.get(dotted, dotted)
-        return self._load(dotted, self.handler_refusal(dotted), *farm_handlers())
+        return self._load(dotted, self.handler_refusal(dotted), *FARM_HANDLERS)
 
     def _load(self, dotted: str, refusal: str | None, *own: str) -> Callable:
         if refusal:

@@ -244,9 +244,19 @@ def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env)
 
 
 def test_reverse_chunks_pack_small_shards_and_cut_big_ones():
-    groups = [(1, 10, 3), (1, 11, 3), (2, 5, 2), (3, 7, 9), (3, 8, 1), (4, 1, 1)]
-    assert list(reverser.pack(groups, 8)) == [[[1, 10, 11], [2, 5, 5]], [[3, 7, 7]],
-                                              [[3, 8, 8], [4, 1, 1]]]
-    assert list(reverser.pack(groups, 100)) == [[[1, 10, 11], [2, 5, 5], [3, 7, 8],
-                                                 [4, 1, 1]]]
+    groups = [(1, 10, 10, 3), (1, 11, 11, 3), (2, 5, 5, 2), (3, 7, 7, 9), (3, 8, 8, 1),
+              (4, 1, 1, 1)]
+    assert list(reverser.pack(groups, 8)) == [([[1, 10, 11], [2, 5, 5]], 8), ([[3, 7, 7]], 9),
+                                              ([[3, 8, 8], [4, 1, 1]], 2)]
+    assert list(reverser.pack(groups, 100)) == [([[1, 10, 11], [2, 5, 5], [3, 7, 8],
+                                                  [4, 1, 1]], 19)]
     assert list(reverser.pack([], 8)) == []
+
+
+def test_reverse_chunks_share_the_rows_evenly():
+    """Ten shards of 10 rows each, at most 60 a chunk: two chunks of 50, not 60 and 40;
+    whole shards (from_id ranges) are the groups a chunk is made of."""
+    groups = [(s, s * 100, s * 100 + 9, 10) for s in range(10)]
+    chunks = list(reverser.pack(groups, 60))
+    assert [n for _, n in chunks] == [50, 50]
+    assert chunks[0][0] == [[s, s * 100, s * 100 + 9] for s in range(5)]

@@ -125,3 +125,16 @@ def test_runs_recorded_before_the_handlers_moved_are_served_by_the_same_function
         assert policy.handler_refusal(old) is None
         assert policy.load_handler(old) is policy.load_handler(new)
     assert policy.handler_refusal("loaders.migrate.os") is not None  # only those names
+
+
+def test_the_farm_handlers_named_as_text_are_the_modules_handlers():
+    """``FARM_HANDLERS`` (checked without importing every handler module) is exactly the
+    ``HANDLER`` of each module that runs the farm's own chunks."""
+    import importlib
+
+    from jobs.policy import FARM_HANDLERS
+    modules = {name.rpartition(".")[0] for name in FARM_HANDLERS}
+    assert {importlib.import_module(m).HANDLER for m in modules} == FARM_HANDLERS
+    found = subprocess.run(["git", "grep", "-l", "^HANDLER = ", "--", "*.py", ":!tests/"],
+                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    assert {f[:-3].replace("/", ".") for f in found} == modules

@@ -7,6 +7,7 @@ Run one with ``python -m workers.worker --queues farm``; ``farm workers`` superv
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import threading
 import time
@@ -20,10 +21,11 @@ from rq.serializers import JSONSerializer
 
 from jobs import runtime, settle
 from jobs.farmjob import FarmJob, job_refusal
-from jobs.policy import ForbiddenJobError
+from jobs.policy import FARM_HANDLERS, ForbiddenJobError
 from jobs.queue import rq_queue
 from jobs.status import worker_name
 from shardfarm import log as farm_log
+from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
 from workers.metrics import report_job
 
@@ -118,6 +120,19 @@ def build(settings: Settings, queues: list[str], name: str | None = None) -> Far
                       name=name or worker_name())
 
 
+def warm_up(rt: runtime.Runtime) -> None:
+    """Before the first job: import the farm's chunk handlers and open a connection to the
+    control database (every chunk claims there), so that the first chunk costs what the
+    others do instead of the process's one-time costs (imports, PyMySQL's TLS context,
+    connecting). A failure is left to the jobs and the housekeeping, which report it."""
+    try:
+        for handler in sorted(FARM_HANDLERS):
+            importlib.import_module(handler.rpartition(".")[0])
+        rt.ledger.pool.run(lambda cur: cur.execute("SELECT 1"), policy=NO_RETRY)
+    except Exception as exc:  # noqa: BLE001 - best effort; the jobs report real failures
+        log.debug("worker warm-up incomplete: %s", type(exc).__name__)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of one worker process."""
     ap = argparse.ArgumentParser(prog="python -m workers.worker")
@@ -128,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     farm_log.setup()
     worker = build(Settings.from_env(), args.queues.split(","), args.name)
     farm_log.set_process(worker=worker.name)
+    warm_up(runtime.get())
     try:
         worker.work(burst=args.burst, logging_level=logging.getLevelName(
             logging.getLogger().level), with_scheduler=False)

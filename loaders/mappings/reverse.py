@@ -3,17 +3,19 @@
 Chunks are a reverse table and about ``chunk_rows`` forward rows: from_id ranges of one
 or several source shards (small shards packed together). A chunk has each source's
 server turn ``(a, b, seq)`` into ``(b, a, seq)`` rendered as ``LOAD DATA`` text grouped
-by the shard of the new from ID (no row is parsed by the worker), and loads each
-destination shard's text in one fenced transaction, a few shards at a time. Followers of a board are
-written by one transaction per home shard that share-locks that shard's hotspot
-directory first: a hot board's rows go to its listed shard (committed before the
-home commit) and home too while it is not spread, so a rebalance can neither flip
-nor clean a board under the writer, and no row lands where no reader looks.
+by the shard of the new from ID (no row is parsed by the worker; the parts are read a
+few at a time), and loads each destination shard's text in one fenced transaction, a few
+shards at a time. Followers of a board are written by one transaction per home shard
+that share-locks that shard's hotspot directory first: a hot board's rows go to its
+listed shard (committed before the home commit) and home too while it is not spread, so
+a rebalance can neither flip nor clean a board under the writer, and no row lands where
+no reader looks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Callable, Iterable, Iterator
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
@@ -36,55 +38,91 @@ def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
          ) -> tuple[dict, list[ChunkSpec]]:
     """Chunks of about ``chunk_rows`` forward rows each: a big shard is cut into from_id
     ranges, small shards are packed together (so a chunk writes each destination shard
-    once for many sources, and the number of chunks follows the rows, not the shards)."""
+    once for many sources, and the number of chunks follows the rows, not the shards).
+    The largest chunks come first, so that workers taking them in turn end together."""
     tables = tables or list(REVERSES)
     unknown = [t for t in tables if t not in REVERSES]
     if unknown:
         names = ", ".join(repr(t)[1:-1][:64] for t in unknown)
         raise UsageError(f"not a reverse table: {names} (known: {', '.join(REVERSES)})")
-    chunks = [ChunkSpec(t, {"table": t, "parts": parts}) for t in tables
-              for parts in pack(_groups(router, REVERSES[t]), chunk_rows)]
+    chunks = [ChunkSpec(t, {"table": t, "parts": parts}, rows) for t in tables
+              for parts, rows in pack(_groups(router, REVERSES[t], chunk_rows), chunk_rows)]
+    chunks.sort(key=lambda c: -(c.rows or 0))
     return {"kinds": tables, "chunk_rows": chunk_rows}, chunks
 
 
-def _groups(router: Router, forward: str) -> Iterator[tuple[int, int, int]]:
-    """``(shard, from_id, rows)`` of every shard's forward table, in order: one statement
-    for up to ``PLAN_BATCH`` consecutive shards of one server (a UNION of their counts)."""
+def _groups(router: Router, forward: str, chunk_rows: int) -> list[tuple[int, int, int, int]]:
+    """``(shard, lo, hi, rows)`` from_id ranges of ``forward`` in shard order, where a chunk
+    may begin: a whole shard when it holds at most a quarter of ``chunk_rows`` rows, else
+    each of its from_ids (counted only on those shards)."""
+    sizes = _batched(router, forward, list(router.shardmap.shards()), _count_shards)
+    big = [s for s, n, _lo, _hi in sizes if n > chunk_rows // 4]
+    keys: dict[int, list[tuple[int, int, int, int]]] = {}
+    for shard, key, n in _batched(router, forward, big, _count_keys):
+        keys.setdefault(shard, []).append((shard, key, key, n))
+    out: list[tuple[int, int, int, int]] = []
+    for shard, n, lo, hi in sizes:
+        if shard in keys:
+            out += keys[shard]
+        elif n:
+            out.append((shard, lo, hi, n))
+    return out
+
+
+def _batched(router: Router, forward: str, shards: list[int],
+             count: Callable[[Router, str, list[int]], list[tuple]]) -> list[tuple]:
+    """``count(router, forward, batch)`` over ``shards`` (ascending) in batches of up to
+    ``PLAN_BATCH`` consecutive shards of one server, one statement each; rows in order."""
+    out: list[tuple] = []
     batch: list[int] = []
-    for shard in router.shardmap.shards():
+    for shard in shards:
         if batch and (len(batch) == PLAN_BATCH or router.host_for(shard).server
                       != router.host_for(batch[0]).server):
-            yield from _count_batch(router, forward, batch)
+            out += count(router, forward, batch)
             batch = []
         batch.append(shard)
     if batch:
-        yield from _count_batch(router, forward, batch)
+        out += count(router, forward, batch)
+    return out
 
 
-def _count_batch(router: Router, forward: str, shards: list[int]
-                 ) -> list[tuple[int, int, int]]:
-    """Rows per from_id of ``forward`` on ``shards`` (all on one server), in order."""
+def _count_shards(router: Router, forward: str, shards: list[int]) -> list[tuple]:
+    """``(shard, rows, min from_id, max from_id)`` of ``forward`` on each of ``shards``."""
+    sql = " UNION ALL ".join(f"(SELECT {s}, COUNT(*), MIN(from_id), MAX(from_id) FROM "
+                             f"{shard_table(s, forward)})" for s in shards)
+    return router.query(router.host_for(shards[0]), sql + " ORDER BY 1", (), shards[0])
+
+
+def _count_keys(router: Router, forward: str, shards: list[int]) -> list[tuple]:
+    """``(shard, from_id, rows)`` of ``forward`` on ``shards`` (all on one server), in order."""
     sql = " UNION ALL ".join(f"(SELECT {s} AS shard, from_id, COUNT(*) FROM "
                              f"{shard_table(s, forward)} GROUP BY from_id)" for s in shards)
     return router.query(router.host_for(shards[0]), sql + " ORDER BY 1, 2", (), shards[0])
 
 
-def pack(groups: Iterable[tuple[int, int, int]], chunk_rows: int) -> Iterator[list[list[int]]]:
-    """Chunks of about ``chunk_rows`` rows from ``(shard, key, rows)`` groups: each a list
-    of ``[shard, lo, hi]`` parts (inclusive key ranges, one per shard it covers)."""
+def pack(groups: Iterable[tuple[int, int, int, int]], chunk_rows: int
+         ) -> Iterator[tuple[list[list[int]], int]]:
+    """Chunks of about ``chunk_rows`` rows from ``(shard, lo, hi, rows)`` groups, each as
+    ``(parts, rows)``: parts are ``[shard, lo, hi]`` (inclusive key ranges, one per shard
+    it covers). A chunk ends once it holds an equal share of the rows (``total / ceil(total
+    / chunk_rows)``) or before a group would take it past ``chunk_rows``: chunks of equal
+    size rather than full ones and a remainder."""
+    groups = list(groups)
+    total = sum(g[3] for g in groups)
+    share = total / max(1, math.ceil(total / chunk_rows)) if total else chunk_rows
     parts: list[list[int]] = []
     n = 0
-    for shard, key, count in groups:
-        if n and n + count > chunk_rows:
-            yield parts
+    for shard, lo, hi, count in groups:
+        if n and (n >= share or n + count > chunk_rows):
+            yield parts, n
             parts, n = [], 0
         if parts and parts[-1][0] == shard:
-            parts[-1][2] = key
+            parts[-1][2] = hi
         else:
-            parts.append([shard, key, key])
+            parts.append([shard, lo, hi])
         n += count
     if parts:
-        yield parts
+        yield parts, n
 
 
 def reverse_chunk(ctx: ChunkContext, table: str, parts: list[list[int]] | None = None,
@@ -92,19 +130,34 @@ def reverse_chunk(ctx: ChunkContext, table: str, parts: list[list[int]] | None =
                   ) -> Outcome:
     """Chunk handler: write the reverse of the forward rows of ``parts`` (``[shard, lo,
     hi]`` each; a chunk planned before packing names one ``shard, lo, hi``), one fenced
-    transaction per destination shard."""
-    texts: dict[int, list] = {}
-    for src, a, b in parts or [[shard, lo, hi]]:
-        for dest, (text, n) in _reverse_text(ctx, REVERSES[table], src, a, b).items():
-            have = texts.setdefault(dest, ["", 0])
-            have[0] += text
-            have[1] += n
-        ctx.check()
+    transaction per destination shard. Parts are read and destinations written
+    ``writer.WRITE_THREADS`` at a time."""
+    texts = _read_parts(ctx, REVERSES[table], parts or [[shard, lo, hi]])
     written: list[int] = []
     writer.run_parallel([(_write_dest, ctx, table, dest, text, n, written)
                          for dest, (text, n) in sorted(texts.items())], writer.WRITE_THREADS)
     rows, done = sum(n for _text, n in texts.values()), sum(written)
     return Outcome(rows_read=rows, rows_written=done, counts={table: done})
+
+
+def _read_parts(ctx: ChunkContext, forward: str, parts: list[list[int]]
+                ) -> dict[int, tuple[str, int]]:
+    """``{dest: (text, rows)}`` of every part's reverse rows, each destination's text the
+    parts' texts in part order."""
+    got: list[dict[int, tuple[str, int]]] = [{} for _ in parts]
+
+    def read(i: int, src: int, a: int, b: int) -> None:
+        got[i] = _reverse_text(ctx, forward, src, a, b)
+        ctx.check()
+    writer.run_parallel([(read, i, *part) for i, part in enumerate(parts)],
+                        writer.WRITE_THREADS)
+    texts: dict[int, list] = {}
+    for part in got:
+        for dest, (text, n) in part.items():
+            have = texts.setdefault(dest, [[], 0])
+            have[0].append(text)
+            have[1] += n
+    return {dest: ("".join(chunks), n) for dest, (chunks, n) in texts.items()}
 
 
 def _reverse_text(ctx: ChunkContext, forward: str, shard: int, lo: int, hi: int
