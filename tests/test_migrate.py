@@ -5,6 +5,7 @@ without importing the loader.
 """
 
 import json
+import os
 
 import pymysql
 import pytest
@@ -187,3 +188,22 @@ def test_sweep_temp_deletes_only_old_load_files(tmp_path, monkeypatch):
     os.utime(other, (past, past))
     assert infile.sweep_temp(3600) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["farm-b.tsv", "mine-c.tsv"]
+
+
+def test_sweep_temp_deletes_the_fresh_file_of_a_killed_writer(tmp_path, monkeypatch):
+    """A file named after a process that ended goes at once; a running one's stays."""
+    import signal
+    import subprocess
+
+    from shardfarm.mysql import infile
+    monkeypatch.setattr(infile, "TMP", str(tmp_path))
+    with infile.temp_tsv("1\t2\t3\n") as mine:
+        assert os.path.basename(mine).startswith(f"farm-{os.getpid()}-")
+        child = subprocess.Popen(["sleep", "60"])
+        dead = tmp_path / f"farm-{child.pid}-x.tsv"
+        dead.write_text("1\t2\t3\n")
+        assert infile.sweep_temp(3600) == 0  # both writers run
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert infile.sweep_temp(3600) == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == [os.path.basename(mine)]

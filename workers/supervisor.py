@@ -193,6 +193,8 @@ class Supervisor:
                 self.report()
                 if time.monotonic() - last_maint > MAINTENANCE_EVERY:
                     maintenance.run_once(self.rt, self.me, self.queues)
+                    if swept := sweep_temp():
+                        log.info("deleted %d LOAD DATA temp file(s) of ended workers", swept)
                     last_maint = time.monotonic()
                 time.sleep(TICK)
         finally:
