@@ -158,4 +158,3 @@ def named(table: str, values: dict) -> dict:
         values = {cols[i]: v for i, v in enumerate(values.values()) if i < len(cols)}
     # ...nor signedness: every integer column of the legacy schema is BIGINT UNSIGNED
     return {k: v + UNSIGNED if isinstance(v, int) and v < 0 else v for k, v in values.items()}
-

@@ -166,7 +166,12 @@ def run_mod_statements(router: Router, statements: list[tuple[int, str, tuple]])
 
 
 def _multi(part: list[tuple[int, str, tuple]], cur) -> None:
-    cur.execute(";\n".join(cur.mogrify(sql, params) for _, sql, params in part))
+    _execute_all(cur, [cur.mogrify(sql, params) for _, sql, params in part])
+
+
+def _execute_all(cur, sqls: list[str]) -> None:
+    """Inside a transaction on a multi-statement connection: ``sqls`` in one round trip."""
+    cur.execute(";\n".join(sqls))
     while cur.nextset():
         pass
 
@@ -187,7 +192,5 @@ def _by_statements(groups: list[tuple[int, str, list]], limit: int) -> list[list
 
 def _upsert_lookups(groups: list[tuple[int, str, list]], cur) -> None:
     """Inside one transaction: every group's upserts as one multi-statement round trip."""
-    sqls = [s for b, t, items in groups for s in _mod_statements(cur.connection, b, t, items)]
-    cur.execute(";\n".join(sqls))
-    while cur.nextset():
-        pass
+    _execute_all(cur, [s for b, t, items in groups
+                       for s in _mod_statements(cur.connection, b, t, items)])
