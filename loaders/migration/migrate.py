@@ -186,13 +186,15 @@ def load_selection(router: Router, token: FenceToken | None, st: ProcessState, p
     def writes(rows: TargetRows) -> TargetRows:  # what the target does not hold as it is
         return converge.changed(rows, before, ids.TYPES[spec.type_name]) \
             if spec.is_object else rows
-    found = claims.survey(router, writes(target))
+    writing = writes(target)
+    found = claims.survey(router, writing)
     if found.taken:  # a corrupted target: those rows write nothing at all
         bad += [(table, legacy_key(spec, r), claims.TAKEN, found.taken[r["id"]])
                 for r, _ in good if r["id"] in found.taken]
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
-    write_all(router, token, writes(target), found.held)
+        writing = writes(target)
+    write_all(router, token, writing, found.held)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
     converge.apply(router, token, spec, stale)
