@@ -26,7 +26,7 @@ import pymysql.cursors
 from redis import Redis
 from rq import Worker
 
-from benchmarks._server import ShardHostMariaDB
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
 from loaders.migration.spec import ORDER
@@ -395,6 +395,7 @@ def migrate(bench: Bench, workers: int, control: str) -> Migration:
 
 def with_bench(fn: Callable[[Bench], None]) -> None:
     """Start the private server, run ``fn(bench)``, and always stop it and clean up."""
+    end_on_sigterm()
     sys.stdout.reconfigure(line_buffering=True)
     rds = PrivateRedis.start()
     server = ShardHostMariaDB.start_shard_host()

@@ -37,7 +37,7 @@ from pathlib import Path
 import pymysql
 
 from benchmarks._bench import _stop_group as stop_group
-from benchmarks._server import ShardHostMariaDB
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm
 from tests.servers import PrivateRedis
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,6 +204,7 @@ def fleet(users: int | None = 1500, *, workers: int = 2, seed: int = 1,
 
     ``server_options`` override the servers' options (``innodb_buffer_pool_size="2G"``).
     """
+    end_on_sigterm()
     workdir = Path(tempfile.mkdtemp(prefix="farm-fleet-", dir=TMP))
     start = time.perf_counter()
     say("starting two private mariadbd servers and a private redis-server")

@@ -6,9 +6,25 @@ port, ``stop()`` removes it), with the server options a shard host runs with.
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import pymysql
 
 from tests.servers import PrivateMariaDB
+
+
+def end_on_sigterm() -> None:
+    """Make SIGTERM end this benchmark the way Ctrl-C does, through its ``finally`` blocks,
+    so its private servers and files are removed (by default SIGTERM ends Python at once
+    and leaves them running). Only from the main thread; elsewhere it does nothing."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_term)
+
+
+def _exit_on_term(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
 
 SHARD_HOST_OPTIONS: dict[str, str] = {
     "innodb-buffer-pool-size": "2G",

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import orjson
 
-from benchmarks._server import ShardHostMariaDB
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm
 from benchmarks.export_data import (
     COLUMNS,
     DATE,
@@ -303,6 +303,7 @@ def parse(argv: Iterable[str] | None) -> argparse.Namespace:
 
 def main(argv: Iterable[str] | None = None) -> None:
     """Parse the options, start the private server, run, and always clean up."""
+    end_on_sigterm()
     args = parse(argv)
     if args.child:
         child(args.port, args.shard, args.table, args.dest)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import pymysql
 
+from benchmarks._server import end_on_sigterm
 from farmcore import control_schema, ledger_size
 from farmcore.ledger import Ledger
 from shardfarm.mysql.db import ensure_database
@@ -126,6 +127,7 @@ def measure(led: Ledger) -> dict[str, float]:
 
 def main() -> None:
     """Start the private servers, fill the ledger, time everything, print the table."""
+    end_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=1000)
     ap.add_argument("--chunks-per-run", type=int, default=1000)

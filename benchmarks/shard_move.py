@@ -24,7 +24,7 @@ from pathlib import Path
 import redis
 
 from benchmarks._bench import cpu_seconds
-from benchmarks._server import ShardHostMariaDB
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm
 from farmcore import control_schema
 from shardfarm.mysql.db import ensure_database
 from shardfarm.mysql.dsn import DSN
@@ -98,6 +98,7 @@ def _farm(env: dict, workers: int, rows_per_chunk: int | None) -> tuple[float, d
 
 def main() -> None:
     """Fill the source, time the reference, then the farm's move; print the ratio."""
+    end_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workers", type=int, default=2)

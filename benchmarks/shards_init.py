@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._server import end_on_sigterm
 from sharding.mapsource import ShardMapSource
 from sharding.provision import init_databases
 from sharding.router import Router
@@ -20,6 +21,7 @@ from tests.servers import PrivateMariaDB
 
 def main() -> None:
     """Create N shards plus 4096 mod buckets twice (cold, then idempotent re-run)."""
+    end_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shards", type=int, default=512)
     ap.add_argument("--buckets", type=int, default=4096)

@@ -52,7 +52,7 @@ from redis import Redis
 
 from benchmarks._bench import ROOT, TMP, Bench, cpu_seconds, running_workers, say, shard_map
 from benchmarks._bench import _stop_group as stop_group
-from benchmarks._server import ShardHostMariaDB
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm
 from loaders.migration.binlog import behind, parse
 from tests.servers import PrivateMariaDB
 
@@ -586,6 +586,7 @@ def report(r: Result, args: argparse.Namespace) -> None:
 
 def main(argv: Iterable[str] | None = None) -> None:
     """Parse the options, start the servers, run, report, clean up."""
+    end_on_sigterm()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=5000, help="legacy users (~40 rows each)")
     ap.add_argument("--seed", type=int, default=1)
