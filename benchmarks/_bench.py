@@ -231,13 +231,14 @@ def empty_tables(bench: Bench, names: list[str]) -> None:
     full = [q for q, n in count_rows(bench, names).items() if n]
     execute_parallel(bench, [f"TRUNCATE TABLE {q}" if q.startswith("`db") else f"DELETE FROM {q}"
                              for q in full])
-    wait_purge(bench)
+    wait_purge(bench.connect)
 
 
-def wait_purge(bench: Bench, timeout: float = 120) -> None:
-    """Wait until the InnoDB history list is short, so purge does not run during a timing."""
+def wait_purge(connect: Callable[[], pymysql.Connection], timeout: float = 120) -> None:
+    """Wait until the InnoDB history list of the server ``connect()`` reaches is short, so
+    purge does not run during a timing."""
     deadline = time.monotonic() + timeout
-    conn = bench.connect()
+    conn = connect()
     try:
         with conn.cursor() as cur:
             while time.monotonic() < deadline:

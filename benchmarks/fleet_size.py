@@ -11,6 +11,9 @@ then for each kind, in order (each builds on the one before):
   statements it sent (``Questions`` of both servers, before and after);
 - the run with 2 workers already running: seconds from planning to the run's end, chunks,
   rows written;
+- the reference, right after the run, on the rows it wrote (``benchmarks.fleet_refs``:
+  ``LOAD DATA`` for migrate, reverse and rebalance, Redis pipelines for feeds, ``INTO
+  OUTFILE`` + ``gzip -6`` for export), and the ratio ``reference seconds / run seconds``;
 - the per-chunk overhead, from the ledger: ``(2 × the run's span − Σ chunk seconds) /
   chunks``, i.e. worker time per chunk spent outside the handler (queue, claim, lease,
   finish, status) — and the same for a run of 2,000 no-op chunks.
@@ -24,13 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rq import Worker
 
-from benchmarks import _fleet
+from benchmarks import _fleet, fleet_refs
 from benchmarks._fleet import Fleet, fleet, say
 from exporters import export as exporter
 from farmcore.ledger import ChunkSpec
@@ -57,20 +63,24 @@ class Kind:
     name: str
     plan: Callable[[Runtime], object]
     start: Callable[[Runtime], str]
+    reference: Callable[[Fleet, Path], fleet_refs.Reference]
 
 
 KINDS = [
     Kind("migrate", lambda rt: migration.plan(rt.settings, rt.router, rt.ledger),
-         lambda rt: launch.migrate(rt)),
+         lambda rt: launch.migrate(rt), fleet_refs.migrate),
     Kind("reverse", lambda rt: reverser.plan(rt.router, []),
-         lambda rt: launch.reverse(rt, [], reverser.DEFAULT_CHUNK_ROWS)),
+         lambda rt: launch.reverse(rt, [], reverser.DEFAULT_CHUNK_ROWS), fleet_refs.reverse),
     Kind("rebalance", lambda rt: rebalancer.plan(rt.router, "board_followedby_users",
                                                  REBALANCE_THRESHOLD, 4),
-         lambda rt: launch.rebalance(rt, "board_followedby_users", REBALANCE_THRESHOLD, 4)),
+         lambda rt: launch.rebalance(rt, "board_followedby_users", REBALANCE_THRESHOLD, 4),
+         fleet_refs.rebalance),
     Kind("feeds", lambda rt: feeder.plan(rt.router),
-         lambda rt: launch.feeds(rt, None, feeder.DEFAULT_CHUNK_USERS, feeder.DEFAULT_LENGTH)),
+         lambda rt: launch.feeds(rt, None, feeder.DEFAULT_CHUNK_USERS, feeder.DEFAULT_LENGTH),
+         fleet_refs.feeds),
     Kind("export", lambda rt: exporter.plan(rt.router, DATE, rt.settings.export_url, []),
-         lambda rt: launch.export(rt, DATE, None, [], "jsonl", "master", False)),
+         lambda rt: launch.export(rt, DATE, None, [], "jsonl", "master", False),
+         fleet_refs.export),
 ]
 
 
@@ -135,8 +145,9 @@ def noop_run(rt: Runtime) -> str:
     return runs.start(rt, "noop", "benchmarks.noop.noop_chunk", chunks, {})
 
 
-def measure(f: Fleet, kinds: list[str]) -> dict[str, dict]:
-    """Every kind's planner and run on a built fleet (legacy generated), then the no-ops."""
+def measure(f: Fleet, kinds: list[str], scratch: Path) -> dict[str, dict]:
+    """Every kind's planner, run and reference on a built fleet (legacy generated), then the
+    no-ops; ``scratch``: the references' files, under the servers' ``secure_file_priv``."""
     rt = Runtime(Settings.from_env(f.env))
     out: dict[str, dict] = {"shards init": {"seconds": round(f.timings["init"], 1)}}
     try:
@@ -145,6 +156,10 @@ def measure(f: Fleet, kinds: list[str]) -> dict[str, dict]:
             plan_s, plan_q = planner(f, rt, kind)
             out[kind.name] = {**timed_run(f, rt, kind.start), "plan_s": round(plan_s, 2),
                               "plan_queries": plan_q}
+            say(f"{kind.name}: the reference on the same rows")
+            ref = kind.reference(f, scratch)
+            out[kind.name].update(ref=ref.label, ref_rows=ref.rows, ref_s=round(ref.seconds, 2),
+                                  ratio=round(ref.seconds / out[kind.name]["seconds"], 2))
             say(f"{kind.name}: {json.dumps(out[kind.name])}")
         say(f"{NOOP_CHUNKS} no-op chunks")
         out["no-op chunks"] = timed_run(f, rt, noop_run, FARM_JOB_MODULES=NOOP_MODULE)
@@ -156,21 +171,29 @@ def measure(f: Fleet, kinds: list[str]) -> dict[str, dict]:
 def on_layout(per_pair: int, users: int, kinds: list[str]) -> dict[str, dict]:
     """Build the layout with ``per_pair`` shards per host pair and measure it."""
     _fleet.SHARDS_PER_PAIR, _fleet.SHARDS = per_pair, per_pair * _fleet.PAIRS
-    with fleet(None) as f:
-        say(f"farm legacy generate --users {users}")
-        f.farm("legacy", "generate", "--users", str(users), "--seed", "1")
-        return measure(f, kinds)
+    scratch = Path(tempfile.mkdtemp(prefix="farm-fleet-refs-", dir=_fleet.TMP))
+    try:
+        with fleet(None, secure_file_priv=str(scratch)) as f:
+            say(f"farm legacy generate --users {users}")
+            f.farm("legacy", "generate", "--users", str(users), "--seed", "1")
+            return measure(f, kinds, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def print_table(shards: int, results: dict[str, dict]) -> None:
     """One line per kind."""
     print(f"\n{shards:,} shards, {_fleet.BUCKETS:,} mod buckets, 2 servers, {WORKERS} workers")
     print(f"{'kind':<14}{'seconds':>9}{'chunks':>8}{'rows':>10}{'plan s':>8}{'plan q':>8}"
-          f"{'ms/chunk outside handler':>26}")
+          f"{'ms/chunk outside handler':>26}{'ref. rows':>11}{'ref. s':>8}{'ratio':>7}")
     for name, r in results.items():
         print(f"{name:<14}{r['seconds']:>9}{r.get('chunks', ''):>8}{r.get('rows', ''):>10}"
               f"{r.get('plan_s', ''):>8}{r.get('plan_queries', ''):>8}"
-              f"{r.get('overhead_ms', ''):>26}")
+              f"{r.get('overhead_ms', ''):>26}{r.get('ref_rows', ''):>11}{r.get('ref_s', ''):>8}"
+              f"{r.get('ratio', ''):>7}")
+    for name, r in results.items():
+        if "ref" in r:
+            print(f"  {name} reference: {r['ref']}")
 
 
 def main() -> None:
