@@ -92,6 +92,20 @@ class Migration:
     legacy: Measure
     target: Measure
     counts: dict[str, int] = field(default_factory=dict)
+    usage: Usage | None = None
+
+
+@dataclass
+class Usage:
+    """CPU seconds of the server and of the workers during a run, the workers' peak RSS."""
+
+    server_cpu: float
+    workers_cpu: float
+    workers_peak_mib: float
+
+    def __str__(self) -> str:
+        return (f"CPU seconds: server {self.server_cpu:.1f}, workers {self.workers_cpu:.1f}; "
+                f"worker peak RSS {self.workers_peak_mib:.0f} MiB")
 
 
 @dataclass
@@ -310,24 +324,57 @@ def running_workers(bench: Bench, count: int, control: str) -> Iterator[None]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start: {log.read_text()[-800:]}")
             time.sleep(0.1)
-        yield
+        yield proc
     finally:
         _stop_group(proc)
 
 
-def timed_run(bench: Bench, workers: int, control: str,
-              start: Callable[[Runtime], str]) -> tuple[str, float]:
+def timed_run(bench: Bench, workers: int, control: str, start: Callable[[Runtime], str],
+              usage: list[Usage] | None = None) -> tuple[str, float]:
     """With ``workers`` already running, the seconds from ``start(runtime)`` (plan, record,
-    enqueue, in this process) to the run's end, and its run ID."""
+    enqueue, in this process) to the run's end, and its run ID; ``usage`` gets the run's
+    ``Usage`` appended."""
     rt = Runtime(Settings.from_env({**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}))
     try:
-        with running_workers(bench, workers, control):
+        with running_workers(bench, workers, control) as group:
+            cpu = (cpu_seconds(bench.server.proc.pid), _workers_cpu(group.pid))
             t = time.perf_counter()
             run_id = start(rt)
             wait_run(bench, run_id, control)
-            return run_id, time.perf_counter() - t
+            seconds = time.perf_counter() - t
+            if usage is not None:
+                usage.append(Usage(cpu_seconds(bench.server.proc.pid) - cpu[0],
+                                   _workers_cpu(group.pid) - cpu[1], _workers_peak(group.pid)))
+            return run_id, seconds
     finally:
         rt.close()
+
+
+def _group_workers(pgid: int) -> list[int]:
+    """PIDs of the worker processes in process group ``pgid`` (the supervisor's)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if (d.name.isdigit() and os.getpgid(int(d.name)) == pgid
+                    and b"workers.worker" in (d / "cmdline").read_bytes()):
+                pids.append(int(d.name))
+        except OSError:
+            continue  # ended meanwhile
+    return pids
+
+
+def _workers_cpu(pgid: int) -> float:
+    return sum(cpu_seconds(p) for p in _group_workers(pgid))
+
+
+def _workers_peak(pgid: int) -> float:
+    """The largest peak RSS (``VmHWM``) of the group's workers, MiB."""
+    peaks = [0.0]
+    for p in _group_workers(pgid):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return max(peaks)
 
 
 def wait_run(bench: Bench, run_id: str, control: str, every: float = 0.02) -> None:
@@ -378,20 +425,22 @@ def run_summary(bench: Bench, run_id: str, control: str) -> dict:
     return run
 
 
-def migrate(bench: Bench, workers: int, control: str) -> Migration:
+def migrate(bench: Bench, workers: int, control: str,
+            chunk_rows: int = CHUNK_SIZE) -> Migration:
     """Empty the target; with ``workers`` running already, time the run from its planning to
     its end and count what it wrote."""
     say(f"emptying the target, then migrating with {workers} running worker(s)")
     empty_tables(bench, all_written_tables())
     flush_redis(bench)
+    usage: list[Usage] = []
     run_id, seconds = timed_run(bench, workers, control,
-                                lambda rt: launch.migrate(rt, CHUNK_SIZE))
+                                lambda rt: launch.migrate(rt, chunk_rows), usage)
     run = run_summary(bench, run_id, control)
     read = sum(k["rows_read"] for k in run["kinds"])
     counts = count_rows(bench, [t.name for t in target_tables()])
     return Migration(workers, Measure(f"migrate W={workers} legacy rows read", read, seconds),
                      Measure(f"migrate W={workers} target rows written",
-                             sum(counts.values()), seconds), counts)
+                             sum(counts.values()), seconds), counts, usage[0])
 
 
 def with_bench(fn: Callable[[Bench], None]) -> None:

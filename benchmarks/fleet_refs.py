@@ -181,7 +181,7 @@ def load_data(f: Fleet, label: str, names: Iterable[str], workdir: Path,
               keep: Callable[[str], Callable[[tuple], bool]] | None = None) -> Reference:
     """Take, dump and delete the rows of ``names``; time ``LOAD DATA`` of them; check."""
     tables = take(f, names, keep)
-    before = {(t.server, t.qualified): _count(f, t) for t in tables}
+    before = counts(f, tables)
     dump(tables, workdir)
     delete(f, tables)
     files = [(t, t.path, len(t.rows)) for t in tables]
@@ -189,26 +189,26 @@ def load_data(f: Fleet, label: str, names: Iterable[str], workdir: Path,
     with ThreadPoolExecutor(THREADS) as pool:
         list(pool.map(lambda part: _load(f, part), balance(files, THREADS)))
     seconds = time.perf_counter() - start
-    wrong = [q for (s, q), n in before.items() if _count(f, _find(tables, s, q)) != n]
-    for t in tables:
-        t.path.unlink()
+    after = counts(f, tables)
+    shutil.rmtree(workdir)
+    wrong = [k for k, n in before.items() if after[k] != n]
     if wrong:
         raise RuntimeError(f"LOAD DATA reference: {len(wrong)} table(s) differ, e.g. {wrong[0]}")
     return Reference(f"{label}: LOAD DATA, {THREADS} threads, {len(tables):,} tables",
                      sum(len(t.rows) for t in tables), seconds)
 
 
-def _find(tables: list[Table], server: int, qualified: str) -> Table:
-    return next(t for t in tables if t.server == server and t.qualified == qualified)
-
-
-def _count(f: Fleet, t: Table) -> int:
-    conn = f.connect(t.server)
-    with conn.cursor() as cur:
-        cur.execute(f"SELECT COUNT(*) FROM {t.qualified}")
-        (n,), = cur.fetchall()
-    conn.close()
-    return int(n)
+def counts(f: Fleet, tables: list[Table]) -> dict[tuple[int, str], int]:
+    """Rows in each table, one connection per server."""
+    out = {}
+    for server in (0, 1):
+        conn = f.connect(server)
+        with conn.cursor() as cur:
+            for t in (t for t in tables if t.server == server):
+                cur.execute(f"SELECT COUNT(*) FROM {t.qualified}")
+                out[(server, t.qualified)] = int(cur.fetchone()[0])
+        conn.close()
+    return out
 
 
 def migrate(f: Fleet, scratch: Path) -> Reference:

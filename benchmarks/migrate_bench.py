@@ -1,6 +1,6 @@
 """End-to-end ``farm migrate`` throughput against references measured in the same run.
 
-Usage: ``python -m benchmarks.migrate_bench [--users N] [--scale K]``.
+Usage: ``python -m benchmarks.migrate_bench [--users N] [--scale K] [--chunk-size R]``.
 
 Everything runs on one private mariadbd configured like a shard host (legacy,
 control database, 16 shards on two host names, 4096 mod buckets) and a private
@@ -13,6 +13,9 @@ redis-server. Measured:
   wrote, one statement per table, 2 client threads (as many as workers);
 - reference B: one autocommitted ``INSERT`` per row from one client, on a
   proportional sample of the same rows;
+- the CPU seconds of the server and of the workers during each migration, and the
+  workers' peak RSS (``--chunk-size`` sets the legacy rows per chunk; default the
+  migration's own);
 - with ``--scale K`` (K > 1): K times the users, and only the 2-worker migration and
   reference A (of the rows it wrote), the ratio printed the same way.
 """
@@ -48,7 +51,8 @@ def fmt_row(m: Measure) -> str:
     return f"{m.label:<68} {m.rows:>10,} {m.seconds:>9.1f} {m.rate:>10,.0f}"
 
 
-def print_header(bench: Bench, users: int, legacy: int, gen_seconds: float) -> None:
+def print_header(bench: Bench, users: int, legacy: int, gen_seconds: float,
+                 chunk_rows: int) -> None:
     """Server configuration and data set, as measured."""
     v = bench.server.variables()
     asked = SHARD_HOST_OPTIONS["table-open-cache"]
@@ -60,7 +64,7 @@ def print_header(bench: Bench, users: int, legacy: int, gen_seconds: float) -> N
           f"{v['table_definition_cache']}, flush_log_at_trx_commit "
           f"{v['innodb_flush_log_at_trx_commit']}, max_connections {v['max_connections']}")
     print(f"legacy: {users:,} users, {legacy:,} rows (generated in {gen_seconds:.1f}s); "
-          f"{SHARDS} shards on 2 host names, {BUCKETS} mod buckets, chunk size {CHUNK_SIZE:,}, "
+          f"{SHARDS} shards on 2 host names, {BUCKETS} mod buckets, chunk size {chunk_rows:,}, "
           f"Redis {bench.env['FARM_REDIS_URL']}")
 
 
@@ -107,9 +111,9 @@ def references(bench: Bench, w2: Migration) -> tuple[Measure, Measure]:
     return load, insert_rows(bench, sample)
 
 
-def run_scaled(bench: Bench, users: int) -> None:
+def run_scaled(bench: Bench, users: int, chunk_rows: int) -> None:
     """K times the users: the 2-worker migration against LOAD DATA of the rows it wrote."""
-    w2 = migrate(bench, 2, "farm_control_w2")
+    w2 = migrate(bench, 2, "farm_control_w2", chunk_rows)
     into = bench.workdir / "dump"
     into.mkdir()
     say("dumping the W=2 target, then the LOAD DATA reference")
@@ -119,26 +123,29 @@ def run_scaled(bench: Bench, users: int) -> None:
     print(f"\n{'measurement':<68} {'rows':>10} {'seconds':>9} {'rows/s':>10}")
     for m in (w2.legacy, w2.target, load):
         print(fmt_row(m))
+    print(f"migrate W=2: {w2.usage}")
     print(f"ratio (target rows/s, {users:,} users): migration(W=2)/LOAD DATA = "
           f"{w2.target.rate / load.rate:.2f} (goal >= 0.75)")
 
 
-def run(bench: Bench, users: int, scale: int) -> None:
+def run(bench: Bench, users: int, scale: int, chunk_rows: int) -> None:
     """The whole benchmark on a started server."""
     say("farm shards init")
     bench.farm("shards", "init")
     legacy, gen_seconds = generate(bench, users * scale)
-    print_header(bench, users * scale, legacy, gen_seconds)
+    print_header(bench, users * scale, legacy, gen_seconds, chunk_rows)
     if scale > 1:
-        run_scaled(bench, users * scale)
+        run_scaled(bench, users * scale, chunk_rows)
         return
-    w1 = migrate(bench, 1, "farm_control_w1")
-    w2 = migrate(bench, 2, "farm_control_w2")
+    w1 = migrate(bench, 1, "farm_control_w1", chunk_rows)
+    w2 = migrate(bench, 2, "farm_control_w2", chunk_rows)
     for m in (w1, w2):
         if m.legacy.rows != legacy:
             print(f"note: W={m.workers} read {m.legacy.rows:,} legacy rows of {legacy:,}")
     load, insert = references(bench, w2)
     print_table([w1, w2], [load, insert])
+    for m in (w1, w2):
+        print(f"migrate W={m.workers}: {m.usage}")
     print_ratios(w1, w2, load, insert)
 
 
@@ -148,8 +155,10 @@ def main(argv: Iterable[str] | None = None) -> None:
     ap.add_argument("--users", type=int, default=5000, help="legacy users (~40 rows each)")
     ap.add_argument("--scale", type=int, default=1, metavar="K",
                     help="K times the users: W=2 and LOAD DATA only (e.g. 10)")
+    ap.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, metavar="R",
+                    help=f"legacy rows per chunk (default {CHUNK_SIZE:,})")
     args = ap.parse_args(None if argv is None else list(argv))
-    with_bench(lambda bench: run(bench, args.users, args.scale))
+    with_bench(lambda bench: run(bench, args.users, args.scale, args.chunk_size))
 
 
 if __name__ == "__main__":

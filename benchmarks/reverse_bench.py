@@ -108,7 +108,7 @@ def run(bench: Bench, users: int) -> None:
     say("farm shards init")
     bench.farm("shards", "init")
     legacy, gen_seconds = generate(bench, users)
-    print_header(bench, users, legacy, gen_seconds)
+    print_header(bench, users, legacy, gen_seconds, CHUNK_SIZE)
     migrate(bench, WORKERS, CONTROL)
     forward = forward_rows(bench)
     rev, counts = measure_reverse(bench)
