@@ -31,14 +31,16 @@ class FenceToken:
 
 
 def check(cur, shard: int, token: FenceToken | None) -> None:
-    """Inside a shard transaction: record ``token`` and raise ``FencedError`` if it is stale."""
+    """Inside a shard transaction: record ``token`` and raise ``FencedError`` if it is stale.
+    The fence is read with a locking read, as it is now: a consistent read would see the
+    transaction's snapshot, which misses a fence raised (or first written) after it."""
     if token is None:
         return
     q = shard_table(shard, "chunk_fences")
     cur.execute(f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, %s, %s)"
                 " ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
                 (token.run_id, token.chunk_id, token.fence))
-    cur.execute(f"SELECT fence FROM {q} WHERE run_id = %s AND chunk_id = %s",
+    cur.execute(f"SELECT fence FROM {q} WHERE run_id = %s AND chunk_id = %s FOR UPDATE",
                 (token.run_id, token.chunk_id))
     current = cur.fetchone()[0]
     if current > token.fence:

@@ -52,3 +52,23 @@ def test_a_frozen_shard_refuses_writes_with_a_retryable_error(router, shard):
 
 def test_a_shard_without_state_takes_every_write(router, shard):
     assert router.run(shard, lambda cur: fencing.state(cur, shard), policy=ONCE) == (0, False)
+
+
+def test_a_fence_raised_after_the_transactions_snapshot_still_refuses_the_write(router, shard):
+    """The fence is read as it is now, not as the transaction's first read saw the shard
+    (a group transaction writes many shards after its snapshot was taken): a chunk taken
+    over meanwhile is refused, never let through or crashed on a missing row."""
+    from shardfarm.errors import FencedError
+    q = shard_table(shard, "chunk_fences")
+    heir = fencing.FenceToken("t-snapshot", 0, 2)
+
+    def zombie(cur) -> None:
+        cur.execute(f"SELECT COUNT(*) FROM {q}")  # a consistent read: the snapshot is taken
+        router.run(shard, lambda other: fencing.check(other, shard, heir))  # heir commits
+        fencing.check(cur, shard, fencing.FenceToken("t-snapshot", 0, 1))
+    try:
+        with pytest.raises(FencedError):
+            router.run(shard, zombie, policy=ONCE)
+    finally:
+        router.run(shard, lambda cur: cur.execute(
+            f"DELETE FROM {q} WHERE run_id = 't-snapshot'"))
