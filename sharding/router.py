@@ -130,6 +130,50 @@ class Router:
             return fn(cur)
         return retried(connect, guarded, transaction=True, policy=policy or self.policy)
 
+    def server_groups(self, shards: list[int], parts: int = 1,
+                      most: int = 128) -> list[list[int]]:
+        """``shards`` in ascending groups of at most ``most`` whose masters are one physical
+        server now, each server's shards cut into at least ``parts`` groups (so that as many
+        threads have work)."""
+        m = self.shardmap
+        by_server: dict[tuple, list[int]] = {}
+        for s in sorted(set(shards)):
+            by_server.setdefault(m.master(s).server, []).append(s)
+        out = []
+        for group in by_server.values():
+            size = max(1, min(most, -(-len(group) // max(1, parts))))
+            out += [group[i:i + size] for i in range(0, len(group), size)]
+        return out
+
+    def run_group(self, shards: list[int], fn: Callable[[pymysql.cursors.Cursor, int], None],
+                  policy: RetryPolicy | None = None, *, infile: bool = False) -> None:
+        """``fn(cursor, shard)`` for each of ``shards`` (one server's, ``server_groups``) in
+        ascending order, all in one transaction on their master, retried as a whole; each
+        shard is checked first as ``run`` checks it. One commit for many shards. If the map
+        changed so that they no longer share a server, each shard gets its own ``run``."""
+        routed: list[int] = [0]
+
+        def connect() -> AbstractContextManager[pymysql.Connection]:
+            m = self.shardmap
+            routed[0] = m.version
+            if len({m.master(s).server for s in shards}) > 1:
+                raise _Regroup
+            return self.connection(m.master(shards[0]), infile=infile)
+
+        def guarded(cur: pymysql.cursors.Cursor) -> None:
+            for shard in shards:
+                try:
+                    fencing.check_map(cur, shard, routed[0])
+                except StaleMapError:
+                    self.source.refresh()
+                    raise
+                fn(cur, shard)
+        try:
+            retried(connect, guarded, transaction=True, policy=policy or self.policy)
+        except _Regroup:
+            for shard in shards:
+                self.run(shard, lambda cur, s=shard: fn(cur, s), policy=policy, infile=infile)
+
     def run_mod(self, bucket: int, fn: Callable[[pymysql.cursors.Cursor], T],
                 policy: RetryPolicy | None = None, *, multi: bool = False) -> T:
         """Run ``fn(cursor)`` in one transaction on a mod bucket's master; ``multi=True``
@@ -160,3 +204,7 @@ class Router:
             pools, self._pools = list(self._pools.values()), {}
         for p in pools:
             p.close()
+
+
+class _Regroup(Exception):
+    """A group's shards no longer share a server in the current map (not retried)."""

@@ -81,6 +81,64 @@ def test_rollback_on_error(router):
     assert n == 0
 
 
+def _count(router, shard, q, from_id):
+    return router.run(shard, lambda cur: (cur.execute(
+        f"SELECT COUNT(*) FROM {q} WHERE from_id = %s", (from_id,)), cur.fetchone()[0])[1])
+
+
+def test_server_groups_keep_each_group_on_one_server(router):
+    shards = [*range(SHARDS_A[0], SHARDS_A[1] + 1), *range(SHARDS_B[0], SHARDS_B[1] + 1)]
+    groups = router.server_groups(list(reversed(shards)), parts=2, most=3)
+    assert sorted(s for g in groups for s in g) == shards
+    for g in groups:
+        assert g == sorted(g) and len(g) <= 3
+        assert len({router.host_for(s).server for s in g}) == 1
+    assert len(router.server_groups(shards, parts=2, most=100)) == 4  # 2 per server
+
+
+def test_a_group_is_one_transaction_and_follows_a_changed_map(router):
+    """Every shard of a group is written in one transaction (an error on the last one leaves
+    none written); a group whose shards no longer share a server is written shard by shard."""
+    from shardfarm.retry import NO_RETRY
+    q = "pin_has_comments"
+    group = router.server_groups(list(range(SHARDS_A[0], SHARDS_A[1] + 1)))[0]
+
+    def write(cur, shard):
+        cur.execute(f"INSERT INTO {shard_table(shard, q)} (from_id, to_id, sequence) "
+                    "VALUES (91, %s, 1)", (shard,))
+        if shard == group[-1]:
+            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError):
+        router.run_group(group, write, NO_RETRY)
+    assert [_count(router, s, shard_table(s, q), 91) for s in group] == [0] * len(group)
+    spanning = [SHARDS_A[0], SHARDS_B[0]]  # as if the map had moved one of them meanwhile
+    router.run_group(spanning, lambda cur, s: cur.execute(
+        f"INSERT INTO {shard_table(s, q)} (from_id, to_id, sequence) VALUES (92, 1, 1)"))
+    assert [_count(router, s, shard_table(s, q), 92) for s in spanning] == [1, 1]
+    for s in spanning:
+        router.run(s, lambda cur, s=s: cur.execute(
+            f"DELETE FROM {shard_table(s, q)} WHERE from_id = 92"))
+
+
+def test_a_frozen_shard_refuses_its_whole_group(router):
+    from shardfarm.errors import ShardFrozenError
+    from shardfarm.retry import NO_RETRY
+    from sharding import fencing
+    q = "pin_has_comments"
+    group = [SHARDS_A[0], SHARDS_A[0] + 1]
+    version = router.shardmap.version
+    router.run(group[1], lambda cur: fencing.set_state(cur, group[1], version, True))
+    try:
+        with pytest.raises(ShardFrozenError):
+            router.run_group(group, lambda cur, s: cur.execute(
+                f"INSERT INTO {shard_table(s, q)} (from_id, to_id, sequence) VALUES (93, 1, 1)"),
+                NO_RETRY)
+    finally:
+        router.run_on(router.host_for(group[1]), lambda cur: fencing.set_state(
+            cur, group[1], version, False))
+    assert [_count(router, s, shard_table(s, q), 93) for s in group] == [0, 0]
+
+
 def test_pool_recovers_when_every_idle_connection_was_killed(router, server_b):
     import threading
     shard = SHARDS_B[1]
