@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
@@ -129,15 +130,24 @@ def reverse_chunk(ctx: ChunkContext, table: str, parts: list[list[int]] | None =
                   shard: int | None = None, lo: int | None = None, hi: int | None = None
                   ) -> Outcome:
     """Chunk handler: write the reverse of the forward rows of ``parts`` (``[shard, lo,
-    hi]`` each; a chunk planned before packing names one ``shard, lo, hi``), one fenced
-    transaction per destination shard. Parts are read and destinations written
-    ``writer.WRITE_THREADS`` at a time."""
+    hi]`` each; a chunk planned before packing names one ``shard, lo, hi``). Parts are read,
+    and destinations written fenced, in one transaction per group of shards on one server
+    (``Router.server_groups``), ``writer.WRITE_THREADS`` groups at a time; follower rows
+    get one transaction per destination (``_place_followers``)."""
     texts = _read_parts(ctx, REVERSES[table], parts or [[shard, lo, hi]])
     written: list[int] = []
-    writer.run_parallel([(_write_dest, ctx, table, dest, text, n, written)
-                         for dest, (text, n) in sorted(texts.items())], writer.WRITE_THREADS)
+    if table == FOLLOWERS:
+        writer.run_parallel([(_write_followers, ctx, dest, text, n, written)
+                             for dest, (text, n) in sorted(texts.items())],
+                            writer.WRITE_THREADS)
+    else:
+        _write_groups(ctx, table, texts, written)
     rows, done = sum(n for _text, n in texts.values()), sum(written)
     return Outcome(rows_read=rows, rows_written=done, counts={table: done})
+
+
+def _on_servers(ctx: ChunkContext, shards: Iterable[int]) -> list[list[int]]:
+    return ctx.router.server_groups(list(shards), writer.WRITE_THREADS, writer.GROUP_SHARDS)
 
 
 def _read_parts(ctx: ChunkContext, forward: str, parts: list[list[int]]
@@ -145,12 +155,16 @@ def _read_parts(ctx: ChunkContext, forward: str, parts: list[list[int]]
     """``{dest: (text, rows)}`` of every part's reverse rows, each destination's text the
     parts' texts in part order."""
     got: list[dict[int, tuple[str, int]]] = [{} for _ in parts]
+    by_shard: dict[int, list[int]] = {}
+    for i, (src, _lo, _hi) in enumerate(parts):
+        by_shard.setdefault(src, []).append(i)
 
-    def read(i: int, src: int, a: int, b: int) -> None:
-        got[i] = _reverse_text(ctx, forward, src, a, b)
+    def read(cur, src: int) -> None:
+        for i in by_shard[src]:
+            got[i] = _reverse_text(cur, forward, *parts[i])
         ctx.check()
-    writer.run_parallel([(read, i, *part) for i, part in enumerate(parts)],
-                        writer.WRITE_THREADS)
+    writer.run_parallel([(partial(ctx.router.run_group, g, read),)
+                         for g in _on_servers(ctx, by_shard)], writer.WRITE_THREADS)
     texts: dict[int, list] = {}
     for part in got:
         for dest, (text, n) in part.items():
@@ -160,22 +174,19 @@ def _read_parts(ctx: ChunkContext, forward: str, parts: list[list[int]]
     return {dest: ("".join(chunks), n) for dest, (chunks, n) in texts.items()}
 
 
-def _reverse_text(ctx: ChunkContext, forward: str, shard: int, lo: int, hi: int
+def _reverse_text(cur, forward: str, shard: int, lo: int, hi: int
                   ) -> dict[int, tuple[str, int]]:
     """The reverse of forward rows ``lo..hi``, rendered by the server as ``LOAD DATA`` text
     per destination shard (the new from ID's), in its primary-key order: ``{shard: (text,
     rows)}``. No row is parsed here; a group cut short by ``group_concat_max_len`` (a chunk
     far beyond ``max_allowed_packet``) is refused rather than loaded in part."""
-    q = shard_table(shard, forward)
-
-    def read(cur) -> list[tuple]:
-        cur.execute("SET SESSION group_concat_max_len = @@max_allowed_packet")
-        cur.execute(f"SELECT to_id >> {ids.SHARD_SHIFT}, COUNT(*), GROUP_CONCAT(to_id, '\t', "
-                    "from_id, '\t', sequence ORDER BY to_id, from_id SEPARATOR '\n') "
-                    f"FROM {q} WHERE from_id BETWEEN %s AND %s GROUP BY 1", (lo, hi))
-        return list(cur.fetchall())
+    cur.execute("SET SESSION group_concat_max_len = @@max_allowed_packet")
+    cur.execute(f"SELECT to_id >> {ids.SHARD_SHIFT}, COUNT(*), GROUP_CONCAT(to_id, '\t', "
+                "from_id, '\t', sequence ORDER BY to_id, from_id SEPARATOR '\n') "
+                f"FROM {shard_table(shard, forward)} WHERE from_id BETWEEN %s AND %s "
+                "GROUP BY 1", (lo, hi))
     out = {}
-    for dest, n, text in ctx.router.run(shard, read):
+    for dest, n, text in cur.fetchall():
         if text.count("\n") + 1 != n:
             raise FatalError(f"reverse rows of {forward} on shard {shard} ({lo}..{hi}) for "
                              f"shard {dest} exceed max_allowed_packet: use a smaller "
@@ -184,17 +195,25 @@ def _reverse_text(ctx: ChunkContext, forward: str, shard: int, lo: int, hi: int
     return out
 
 
-def _write_dest(ctx: ChunkContext, table: str, dest: int, text: str, n: int,
-                written: list[int]) -> None:
-    """One fenced transaction on ``dest``: its rows of the chunk (followers through the
+def _write_groups(ctx: ChunkContext, table: str, texts: dict[int, tuple[str, int]],
+                  written: list[int]) -> None:
+    """Each destination's rows, fenced, in one transaction per group of destinations."""
+    def write(cur, dest: int) -> None:
+        fencing.check(cur, dest, ctx.token)
+        writer.load_text(cur, shard_table(dest, table), "mapping", texts[dest][0])
+
+    def group(g: list[int]) -> None:
+        ctx.router.run_group(g, write, infile=True)
+        written.append(sum(texts[d][1] for d in g))
+    writer.run_parallel([(group, g) for g in _on_servers(ctx, texts)], writer.WRITE_THREADS)
+
+
+def _write_followers(ctx: ChunkContext, dest: int, text: str, n: int,
+                     written: list[int]) -> None:
+    """One fenced transaction on ``dest``: its follower rows of the chunk (through the
     hotspot directory, see ``_place_followers``)."""
-    def tx(cur) -> int:
-        if table != FOLLOWERS:
-            fencing.check(cur, dest, ctx.token)
-            writer.load_text(cur, shard_table(dest, table), "mapping", text)
-            return n
-        return _place_followers(ctx, cur, dest, text, n)
-    written.append(ctx.router.run(dest, tx, infile=True))
+    written.append(ctx.router.run(dest, lambda cur: _place_followers(ctx, cur, dest, text, n),
+                                  infile=True))
 
 
 def _place_followers(ctx: ChunkContext, cur, home: int, text: str, n: int) -> int:
