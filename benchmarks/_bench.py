@@ -27,6 +27,7 @@ from redis import Redis
 from rq import Worker
 
 from benchmarks._server import ShardHostMariaDB, end_on_sigterm
+from benchmarks._usage import Usage, cpu_seconds, workers_cpu, workers_peak
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
 from loaders.migration.spec import ORDER
@@ -93,19 +94,6 @@ class Migration:
     target: Measure
     counts: dict[str, int] = field(default_factory=dict)
     usage: Usage | None = None
-
-
-@dataclass
-class Usage:
-    """CPU seconds of the server and of the workers during a run, the workers' peak RSS."""
-
-    server_cpu: float
-    workers_cpu: float
-    workers_peak_mib: float
-
-    def __str__(self) -> str:
-        return (f"CPU seconds: server {self.server_cpu:.1f}, workers {self.workers_cpu:.1f}; "
-                f"worker peak RSS {self.workers_peak_mib:.0f} MiB")
 
 
 @dataclass
@@ -337,44 +325,17 @@ def timed_run(bench: Bench, workers: int, control: str, start: Callable[[Runtime
     rt = Runtime(Settings.from_env({**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}))
     try:
         with running_workers(bench, workers, control) as group:
-            cpu = (cpu_seconds(bench.server.proc.pid), _workers_cpu(group.pid))
+            cpu = (cpu_seconds(bench.server.proc.pid), workers_cpu(group.pid))
             t = time.perf_counter()
             run_id = start(rt)
             wait_run(bench, run_id, control)
             seconds = time.perf_counter() - t
             if usage is not None:
                 usage.append(Usage(cpu_seconds(bench.server.proc.pid) - cpu[0],
-                                   _workers_cpu(group.pid) - cpu[1], _workers_peak(group.pid)))
+                                   workers_cpu(group.pid) - cpu[1], workers_peak(group.pid)))
             return run_id, seconds
     finally:
         rt.close()
-
-
-def _group_workers(pgid: int) -> list[int]:
-    """PIDs of the worker processes in process group ``pgid`` (the supervisor's)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        try:
-            if (d.name.isdigit() and os.getpgid(int(d.name)) == pgid
-                    and b"workers.worker" in (d / "cmdline").read_bytes()):
-                pids.append(int(d.name))
-        except OSError:
-            continue  # ended meanwhile
-    return pids
-
-
-def _workers_cpu(pgid: int) -> float:
-    return sum(cpu_seconds(p) for p in _group_workers(pgid))
-
-
-def _workers_peak(pgid: int) -> float:
-    """The largest peak RSS (``VmHWM``) of the group's workers, MiB."""
-    peaks = [0.0]
-    for p in _group_workers(pgid):
-        for line in Path(f"/proc/{p}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                peaks.append(int(line.split()[1]) / 1024)
-    return max(peaks)
 
 
 def wait_run(bench: Bench, run_id: str, control: str, every: float = 0.02) -> None:
@@ -405,12 +366,6 @@ def _stop_group(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, subprocess.TimeoutExpired):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_summary(bench: Bench, run_id: str, control: str) -> dict:

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import redis
 
-from benchmarks._bench import cpu_seconds
 from benchmarks._server import ShardHostMariaDB, end_on_sigterm
+from benchmarks._usage import children, cpu_seconds
 from farmcore import control_schema
 from shardfarm.mysql.db import ensure_database
 from shardfarm.mysql.dsn import DSN
@@ -57,10 +57,6 @@ def _fill(server: ShardHostMariaDB, rows: int) -> None:
                f"FROM db00000.seq_1_to_{int(edges)}")
 
 
-def _children(pid: int) -> list[int]:
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
 def _reference(src: ShardHostMariaDB, dst: ShardHostMariaDB) -> float:
     t = time.monotonic()
     dump = subprocess.Popen(["mysqldump", "-h127.0.0.1", f"-P{src.port}", "-uroot",
@@ -81,7 +77,7 @@ def _farm(env: dict, workers: int, rows_per_chunk: int | None) -> tuple[float, d
                             stdout=WORKER_LOG, stderr=subprocess.STDOUT)
     try:
         time.sleep(3)  # the workers start (outside the measurement)
-        kids = _children(proc.pid)
+        kids = children(proc.pid)
         before = sum(cpu_seconds(k) for k in kids)
         t = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "scripts", "shards", "move", "0-0", "--to",

@@ -50,9 +50,10 @@ from pathlib import Path
 import pymysql
 from redis import Redis
 
-from benchmarks._bench import ROOT, TMP, Bench, cpu_seconds, running_workers, say, shard_map
+from benchmarks._bench import ROOT, TMP, Bench, running_workers, say, shard_map
 from benchmarks._bench import _stop_group as stop_group
 from benchmarks._server import ShardHostMariaDB, end_on_sigterm
+from benchmarks._usage import cpu_seconds
 from loaders.migration.binlog import behind, parse
 from tests.servers import PrivateMariaDB
 

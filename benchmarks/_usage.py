@@ -1,0 +1,46 @@
+"""What a benchmark's processes used: CPU seconds and peak memory, read from ``/proc``."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Usage:
+    """CPU seconds of the server and of the workers during a run, the workers' peak RSS."""
+
+    server_cpu: float
+    workers_cpu: float
+    workers_peak_mib: float
+
+    def __str__(self) -> str:
+        return (f"CPU seconds: server {self.server_cpu:.1f}, workers {self.workers_cpu:.1f}; "
+                f"worker peak RSS {self.workers_peak_mib:.0f} MiB")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children(pid: int) -> list[int]:
+    """The direct child processes of ``pid`` (a worker supervisor's: its workers)."""
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def workers_cpu(supervisor: int) -> float:
+    """CPU seconds the supervisor's workers have used so far."""
+    return sum(cpu_seconds(p) for p in children(supervisor))
+
+
+def workers_peak(supervisor: int) -> float:
+    """The largest peak RSS (``VmHWM``) of the supervisor's workers, MiB."""
+    peaks = [0.0]
+    for p in children(supervisor):
+        for line in Path(f"/proc/{p}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return max(peaks)
