@@ -208,9 +208,10 @@ def fleet(users: int | None = 1500, *, workers: int = 2, seed: int = 1,
     workdir = Path(tempfile.mkdtemp(prefix="farm-fleet-", dir=TMP))
     start = time.perf_counter()
     say("starting two private mariadbd servers and a private redis-server")
-    servers = _start_servers(**server_options)
+    servers: tuple = ()
     red = None
     try:
+        servers = _start_servers(**server_options)
         red = PrivateRedis.start()
         map_path = workdir / "shardmap.json"
         map_path.write_text(json.dumps(shard_map((servers[0].port, servers[1].port)), indent=1))

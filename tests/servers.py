@@ -104,9 +104,13 @@ class PrivateMariaDB:
         each) on a free port of ``bind``, and wait until ``alive(port)`` is ``None``."""
         base = Path(tempfile.mkdtemp(prefix=prefix))
         datadir = base / "data"
-        subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}", "--user=root",
-                        "--auth-root-authentication-method=normal", "--skip-test-db"],
-                       check=True, capture_output=True)
+        done = subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}",
+                               "--user=root", "--auth-root-authentication-method=normal",
+                               "--skip-test-db"], capture_output=True, text=True)
+        if done.returncode:
+            shutil.rmtree(base, ignore_errors=True)
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"{INSTALL_DB} exited {done.returncode}: " + " | ".join(tail))
         port = free_port(bind)
         if bind != "127.0.0.1":  # root comes over the network: let it in from anywhere
             (base / "init.sql").write_text(
