@@ -29,7 +29,13 @@ import pymysql
 import pymysql.cursors
 from redis import Redis
 
-from benchmarks._bench import MAPPING_COLUMNS, MOD_COLUMNS, OBJECT_COLUMNS, wait_purge
+from benchmarks._bench import (
+    MAPPING_COLUMNS,
+    MOD_COLUMNS,
+    OBJECT_COLUMNS,
+    Measure,
+    wait_purge,
+)
 from benchmarks._fleet import Fleet
 from benchmarks.migrate_refs import balance, tsv_field
 from farmcore import keys
@@ -43,20 +49,6 @@ DELETE_BATCH = 500
 FORWARD = [n for n, m in MAPPING_TABLES.items() if m.reverse_of is None]
 REVERSE = [n for n, m in MAPPING_TABLES.items() if m.reverse_of is not None]
 SPREAD = "board_followedby_users"
-
-
-@dataclass
-class Reference:
-    """What a reference did and how long it took."""
-
-    label: str
-    rows: int
-    seconds: float
-
-    @property
-    def rate(self) -> float:
-        """Rows per second."""
-        return self.rows / self.seconds if self.seconds else 0.0
 
 
 @dataclass
@@ -178,7 +170,7 @@ def _load(f: Fleet, part: list[tuple[Table, Path, int]]) -> None:
 
 
 def load_data(f: Fleet, label: str, names: Iterable[str], workdir: Path,
-              keep: Callable[[str], Callable[[tuple], bool]] | None = None) -> Reference:
+              keep: Callable[[str], Callable[[tuple], bool]] | None = None) -> Measure:
     """Take, dump and delete the rows of ``names``; time ``LOAD DATA`` of them; check."""
     tables = take(f, names, keep)
     before = counts(f, tables)
@@ -194,7 +186,7 @@ def load_data(f: Fleet, label: str, names: Iterable[str], workdir: Path,
     wrong = [k for k, n in before.items() if after[k] != n]
     if wrong:
         raise RuntimeError(f"LOAD DATA reference: {len(wrong)} table(s) differ, e.g. {wrong[0]}")
-    return Reference(f"{label}: LOAD DATA, {THREADS} threads, {len(tables):,} tables",
+    return Measure(f"{label}: LOAD DATA, {THREADS} threads, {len(tables):,} tables",
                      sum(len(t.rows) for t in tables), seconds)
 
 
@@ -211,23 +203,23 @@ def counts(f: Fleet, tables: list[Table]) -> dict[tuple[int, str], int]:
     return out
 
 
-def migrate(f: Fleet, scratch: Path) -> Reference:
+def migrate(f: Fleet, scratch: Path) -> Measure:
     """Objects, forward mappings and mod lookups, as the migration wrote them."""
     return load_data(f, "migrate", [*OBJECT_TABLES, *FORWARD, *MOD_COLUMNS],
                      scratch / "migrate")
 
 
-def reverse(f: Fleet, scratch: Path) -> Reference:
+def reverse(f: Fleet, scratch: Path) -> Measure:
     """The reverse mapping tables."""
     return load_data(f, "reverse", REVERSE, scratch / "reverse")
 
 
-def rebalance(f: Fleet, scratch: Path) -> Reference:
+def rebalance(f: Fleet, scratch: Path) -> Measure:
     """The follower rows living away from their board's home shard."""
     return load_data(f, "rebalance", [SPREAD], scratch / "rebalance", keep=spread_row)
 
 
-def feeds(f: Fleet, scratch: Path) -> Reference:
+def feeds(f: Fleet, scratch: Path) -> Measure:
     """The home feeds, written again with pipelines (``DEL`` + ``RPUSH``); ``scratch`` is
     not used (the same signature as the others)."""
     red = Redis.from_url(f.env["FARM_REDIS_URL"])
@@ -253,11 +245,11 @@ def feeds(f: Fleet, scratch: Path) -> Reference:
     if any(red.llen(k) != len(v) for k, v in lists.items()):
         raise RuntimeError("feeds reference: a feed was written with another length")
     red.close()
-    return Reference(f"feeds: Redis pipelines, {THREADS} clients, {len(names):,} feeds "
+    return Measure(f"feeds: Redis pipelines, {THREADS} clients, {len(names):,} feeds "
                      "(rows: feed entries)", sum(len(v) for v in lists.values()), seconds)
 
 
-def export(f: Fleet, scratch: Path) -> Reference:
+def export(f: Fleet, scratch: Path) -> Measure:
     """Every exported table of every shard: ``INTO OUTFILE`` in key order, then gzip -6;
     ``scratch`` must be under the servers' ``secure_file_priv``."""
     shard_tables = [t for t in tables_named(f, [*OBJECT_TABLES, *MAPPING_TABLES])
@@ -267,7 +259,7 @@ def export(f: Fleet, scratch: Path) -> Reference:
         rows = sum(pool.map(lambda s: _outfile(f, s, [t for t in shard_tables if t[0] == s],
                                                scratch / f"export{s}"), (0, 1)))
     seconds = time.perf_counter() - start
-    return Reference(f"export: INTO OUTFILE + gzip -6, one thread per server, "
+    return Measure(f"export: INTO OUTFILE + gzip -6, one thread per server, "
                      f"{len(shard_tables):,} tables", rows, seconds)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from rq import Worker
 
 from benchmarks import _fleet, fleet_refs
+from benchmarks._bench import Measure
 from benchmarks._fleet import Fleet, fleet, say
 from exporters import export as exporter
 from farmcore.ledger import ChunkSpec
@@ -63,7 +64,7 @@ class Kind:
     name: str
     plan: Callable[[Runtime], object]
     start: Callable[[Runtime], str]
-    reference: Callable[[Fleet, Path], fleet_refs.Reference]
+    reference: Callable[[Fleet, Path], Measure]
 
 
 KINDS = [

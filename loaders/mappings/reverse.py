@@ -3,13 +3,13 @@
 Chunks are a reverse table and about ``chunk_rows`` forward rows: from_id ranges of one
 or several source shards (small shards packed together). A chunk has each source's
 server turn ``(a, b, seq)`` into ``(b, a, seq)`` rendered as ``LOAD DATA`` text grouped
-by the shard of the new from ID (no row is parsed by the worker; the parts are read a
-few at a time), and loads each destination shard's text in one fenced transaction, a few
-shards at a time. Followers of a board are written by one transaction per home shard
-that share-locks that shard's hotspot directory first: a hot board's rows go to its
-listed shard (committed before the home commit) and home too while it is not spread, so
-a rebalance can neither flip nor clean a board under the writer, and no row lands where
-no reader looks.
+by the shard of the new from ID (no row is parsed by the worker), and loads each
+destination shard's text fenced; sources are read, and destinations written, in one
+transaction per group of one server's shards, a few groups at a time. Followers of a
+board are written by one transaction per home shard that share-locks that shard's
+hotspot directory first: a hot board's rows go to its listed shard (committed before the
+home commit) and home too while it is not spread, so a rebalance can neither flip nor
+clean a board under the writer, and no row lands where no reader looks.
 """
 
 from __future__ import annotations
