@@ -6,7 +6,9 @@
 - in Redis, only the farm's keys: ``farm:*`` (``farmcore.keys.PREFIX``), the rq queues the
   farm used (every ``runs.queue`` of the control database, and the default queue) with
   their jobs, registries and workers, and the home feeds of users whose shard is in the
-  demo's map. Another application's rq queues and jobs, and any other key, stay.
+  demo's map. Another application's rq queues and jobs, and any other key, stay; rq's
+  group-maintenance lock (``rq:clean_groups``, every app's) goes only when no rq worker is
+  left registered, since then nobody holds it (it would expire by itself).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from contextlib import suppress
 import redis
 from rq import Queue, Worker
 from rq.exceptions import NoSuchJobError
+from rq.group import Group
 from rq.job import Job
 from rq.results import Result
 from rq.scheduler import RQScheduler
@@ -48,7 +51,8 @@ def clean_everything(rt: Runtime) -> dict:
     try:
         queues = farm_queues(runs)
         deleted = (farm_keys(conn) + sum(rq_queue_keys(conn, q) for q in queues)
-                   + rq_worker_keys(conn, set(queues)) + home_feeds(conn, rt))
+                   + rq_worker_keys(conn, set(queues)) + home_feeds(conn, rt)
+                   + orphan_rq_locks(conn, set(queues)))
     finally:
         conn.close()
     return {"dropped_databases": dropped, "redis_keys_deleted": deleted,
@@ -171,15 +175,33 @@ def rq_worker_keys(conn: redis.Redis, queues: set[str], dry: bool = False) -> in
     n = 0
     prefix = Worker.redis_worker_namespace_prefix
     for key in conn.scan_iter(match=prefix + "*", count=1000):
-        listens = {q for q in (conn.hget(key, "queues") or b"").decode().split(",") if q}
-        if listens and listens <= queues and dry:
-            n += 1
-        elif listens and listens <= queues:
-            n += conn.delete(key)
-            conn.srem(REDIS_WORKER_KEYS, key)
-            for q in listens:
+        if not _listens_only(conn, key, queues):
+            continue
+        n += 1
+        if not dry:
+            for q in (conn.hget(key, "queues") or b"").decode().split(","):
                 conn.srem(WORKERS_BY_QUEUE_KEY % q, key)
+            conn.delete(key)
+            conn.srem(REDIS_WORKER_KEYS, key)
     return n
+
+
+def orphan_rq_locks(conn: redis.Redis, queues: set[str], dry: bool = False) -> int:
+    """Delete (``dry``: count) rq's group-maintenance lock when every rq worker registered
+    listens only to the farm's ``queues`` (the clean removes them): no other application's
+    worker can then hold it, and it would only expire by itself."""
+    prefix = Worker.redis_worker_namespace_prefix
+    if any(not _listens_only(conn, key, queues)
+           for key in conn.scan_iter(match=prefix + "*", count=1000)):
+        return 0
+    lock = Group.REDIS_GROUP_CLEANING_KEY
+    return int(bool(conn.exists(lock))) if dry else conn.delete(lock)
+
+
+def _listens_only(conn: redis.Redis, key: bytes, queues: set[str]) -> bool:
+    """Whether the rq worker registered at ``key`` listens to some queues, all in ``queues``."""
+    listens = {q for q in (conn.hget(key, "queues") or b"").decode().split(",") if q}
+    return bool(listens) and listens <= queues
 
 
 def home_feeds(conn: redis.Redis, rt: Runtime, dry: bool = False) -> int:

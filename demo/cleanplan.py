@@ -13,6 +13,7 @@ from demo.clean import (
     farm_keys,
     farm_queues,
     home_feeds,
+    orphan_rq_locks,
     queue_jobs,
     remove_demo_exports,
     rq_worker_keys,
@@ -70,6 +71,8 @@ def redis_plan(rt: Runtime, runs: list[dict]) -> dict[str, int]:
         plan["rq workers of those queues"] = rq_worker_keys(conn, set(farm_queues(runs)),
                                                             dry=True)
         plan["home:* feeds of users on the map's shards"] = home_feeds(conn, rt, dry=True)
+        plan["rq's maintenance lock, no worker left"] = orphan_rq_locks(
+            conn, set(farm_queues(runs)), dry=True)
         return plan
     finally:
         conn.close()

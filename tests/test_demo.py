@@ -198,6 +198,7 @@ def test_demo_runs_again_on_its_own_data(own_demos, demo_env):
 
 OTHER_HOME = f"home:{_id(9, 3, 1)}".encode()  # a feed of a user outside the demo's map
 SHARED = {b"rq:queues", b"rq:workers", b"rq:clean_groups"}  # rq's own sets, every app's
+LOCK = "rq:clean_groups"  # rq's group-maintenance lock
 
 
 def _other_application(r: redis.Redis) -> tuple[set[bytes], list[str]]:
@@ -254,6 +255,7 @@ def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
     other, jobs = _other_application(r)
     assert {b"app:settings", OTHER_HOME, b"rq:queue:emails"} <= other
 
+    r.set(LOCK, 1, ex=600)  # rq's maintenance lock, as the demo's workers leave it
     _nothing_removed_unless_confirmed(env, server.port, r)
     out = run_farm(env, "demo", "--clean")
     assert out.returncode == 0, out.stderr
@@ -268,6 +270,29 @@ def test_clean_deletes_only_what_the_demo_made(own_demos, env, demo_env):
     assert emails.failed_job_registry.get_job_ids() == ["mail-failed"]
     assert r.smembers("rq:queues") == {b"rq:queue:emails"}
     assert not left & farm, sorted(left & farm)  # every key the demo's farm made is gone
+    assert not r.exists(LOCK)  # no rq worker is left to hold it
+
+
+def test_rqs_maintenance_lock_stays_while_another_applications_worker_is_registered():
+    """The clean deletes rq's group-maintenance lock only when every registered rq worker
+    listens to the farm's queues alone (real Redis; the registrations written as rq does)."""
+    from demo.clean import orphan_rq_locks, rq_worker_keys
+    r = redis.Redis.from_url(REDIS_URL)
+    ours, theirs = b"rq:worker:farm-1", b"rq:worker:mail-1"
+    try:
+        r.set(LOCK, 1, ex=600)
+        r.hset(ours, "queues", "farm")
+        r.hset(theirs, "queues", "emails,farm")  # listens to ours too: not only ours
+        r.sadd("rq:workers", ours, theirs)
+        assert orphan_rq_locks(r, {"farm"}, dry=True) == 0
+        assert rq_worker_keys(r, {"farm"}) == 1 and not r.exists(ours)
+        assert orphan_rq_locks(r, {"farm"}) == 0 and r.exists(LOCK)
+        r.delete(theirs)
+        r.srem("rq:workers", theirs)
+        assert orphan_rq_locks(r, {"farm"}, dry=True) == 1 and r.exists(LOCK)
+        assert orphan_rq_locks(r, {"farm"}) == 1 and not r.exists(LOCK)
+    finally:
+        r.delete(LOCK, ours, theirs, "rq:workers", "rq:workers:farm", "rq:workers:emails")
 
 
 def test_verify_mismatches_count_as_a_failure_with_their_first_rows(ledger, settings):
