@@ -26,7 +26,7 @@ import pymysql.cursors
 from redis import Redis
 from rq import Worker
 
-from benchmarks._server import ShardHostMariaDB, end_on_sigterm
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm, settle
 from benchmarks._usage import Usage, cpu_seconds, workers_cpu, workers_peak
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
@@ -225,7 +225,7 @@ def execute_parallel(bench: Bench, statements: list[str], threads: int = 4) -> N
 
 
 def empty_tables(bench: Bench, names: list[str]) -> None:
-    """Empty every non-empty table of ``names``, then let InnoDB purge finish.
+    """Empty every non-empty table of ``names``, then let the server settle (``settle``).
 
     Shard tables are truncated (AUTO_INCREMENT starts again); mod tables, which
     have none, get ``DELETE``: truncating thousands of tables takes minutes.
@@ -233,24 +233,7 @@ def empty_tables(bench: Bench, names: list[str]) -> None:
     full = [q for q, n in count_rows(bench, names).items() if n]
     execute_parallel(bench, [f"TRUNCATE TABLE {q}" if q.startswith("`db") else f"DELETE FROM {q}"
                              for q in full])
-    wait_purge(bench.connect)
-
-
-def wait_purge(connect: Callable[[], pymysql.Connection], timeout: float = 120) -> None:
-    """Wait until the InnoDB history list of the server ``connect()`` reaches is short, so
-    purge does not run during a timing."""
-    deadline = time.monotonic() + timeout
-    conn = connect()
-    try:
-        with conn.cursor() as cur:
-            while time.monotonic() < deadline:
-                cur.execute("SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'")
-                if int(cur.fetchone()[1]) < 100:
-                    return
-                time.sleep(0.5)
-    finally:
-        conn.close()
-    say(f"note: InnoDB purge still running after {timeout:.0f}s")
+    settle(bench.connect)
 
 
 def group_counts(counts: dict[str, int]) -> dict[str, int]:

@@ -7,7 +7,10 @@ port, ``stop()`` removes it), with the server options a shard host runs with.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
 
 import pymysql
 
@@ -24,6 +27,33 @@ def end_on_sigterm() -> None:
 
 def _exit_on_term(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+def settle(connect: Callable[[], pymysql.Connection], timeout: float = 120) -> None:
+    """Wait until InnoDB has purged the history of what came before and written the buffer
+    pool's dirty pages (``innodb_max_dirty_pages_pct`` 0 meanwhile), so neither runs during
+    the next timing: each side of a ratio starts on a quiet server."""
+    deadline = time.monotonic() + timeout
+    conn = connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@innodb_max_dirty_pages_pct")
+            pct = cur.fetchone()[0]
+            cur.execute("SET GLOBAL innodb_max_dirty_pages_pct = 0")
+            try:
+                while time.monotonic() < deadline:
+                    cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN "
+                                "('Innodb_history_list_length', "
+                                "'Innodb_buffer_pool_pages_dirty')")
+                    if all(int(v) < 100 for _, v in cur.fetchall()):
+                        return
+                    time.sleep(0.2)
+            finally:
+                cur.execute("SET GLOBAL innodb_max_dirty_pages_pct = %s", (pct,))
+    finally:
+        conn.close()
+    print(f"note: InnoDB purge or page flushing still running after {timeout:.0f}s",
+          file=sys.stderr)
 
 
 SHARD_HOST_OPTIONS: dict[str, str] = {

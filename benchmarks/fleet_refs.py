@@ -34,9 +34,9 @@ from benchmarks._bench import (
     MOD_COLUMNS,
     OBJECT_COLUMNS,
     Measure,
-    wait_purge,
 )
 from benchmarks._fleet import Fleet
+from benchmarks._server import settle
 from benchmarks.migrate_refs import balance, tsv_field
 from farmcore import keys
 from sharding import ids
@@ -143,7 +143,7 @@ def delete(f: Fleet, tables: list[Table]) -> None:
                     _delete_one(cur, t)
                 cur.execute("COMMIT")
         conn.close()
-        wait_purge(lambda s=server: f.connect(s))
+        settle(lambda s=server: f.connect(s))
 
 
 def _delete_one(cur: pymysql.cursors.Cursor, t: Table) -> None:

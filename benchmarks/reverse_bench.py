@@ -1,6 +1,6 @@
 """``farm reverse`` throughput against LOAD DATA of the same rows, in the same run.
 
-Usage: ``python -m benchmarks.reverse_bench [--users N]``.
+Usage: ``python -m benchmarks.reverse_bench [--users N] [--repeat N]``.
 
 On the private shard-host mariadbd of ``benchmarks.migrate_bench`` (Redis db 12,
 flushed before and after): generate legacy data and migrate it with 2 burst
@@ -13,6 +13,10 @@ workers (setup, not timed), then
 - reference: dump exactly those rows to TSV (sorted by primary key), truncate
   the reverse tables and time ``LOAD DATA LOCAL INFILE`` of them back, one
   statement per table per shard, 2 client threads (as many as workers).
+
+Each side runs on a settled server (purge done, dirty pages written). The pair is taken
+``--repeat`` times in turn (this machine's timings vary by 20% from one run to the next)
+and the ratio is that of the medians; every pair is printed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
+from statistics import median
 
 import pymysql.cursors
 
@@ -103,34 +108,51 @@ def dump_reverse(bench: Bench, counts: dict[str, int],
     return files
 
 
-def run(bench: Bench, users: int) -> None:
-    """The whole benchmark on a started server."""
+def run(bench: Bench, users: int, repeat: int) -> None:
+    """The whole benchmark on a started server: ``repeat`` pairs of a timed ``farm
+    reverse`` and its reference, taken in turn; the median of each side decides."""
     say("farm shards init")
     bench.farm("shards", "init")
     legacy, gen_seconds = generate(bench, users)
     print_header(bench, users, legacy, gen_seconds, CHUNK_SIZE)
     migrate(bench, WORKERS, CONTROL)
     forward = forward_rows(bench)
-    rev, counts = measure_reverse(bench)
     into = bench.workdir / "dump"
-    into.mkdir()
-    say("dumping the reverse tables, then LOAD DATA of them")
-    load = load_data(bench, dump_reverse(bench, counts, into))
+    pairs: list[tuple[Measure, Measure]] = []
+    for i in range(repeat):
+        rev, counts = measure_reverse(bench)
+        if i == 0:
+            into.mkdir()
+            say("dumping the reverse tables")
+            files = dump_reverse(bench, counts, into)
+        elif {q: n for q, n in counts.items() if n} != {t.name: n for t, _, n in files}:
+            raise RuntimeError(f"farm reverse run {i + 1} wrote other rows than run 1")
+        say("LOAD DATA of the same rows")
+        pairs.append((rev, load_data(bench, files)))
     shutil.rmtree(into, ignore_errors=True)
     print(f"reverse chunk size {DEFAULT_CHUNK_ROWS:,} forward rows (migrate {CHUNK_SIZE:,}); "
-          f"forward rows {forward:,}, reverse rows {rev.rows:,}")
+          f"forward rows {forward:,}, reverse rows {pairs[0][0].rows:,}")
     print(f"\n{'measurement':<68} {'rows':>10} {'seconds':>9} {'rows/s':>10}")
-    print(fmt_row(rev))
-    print(fmt_row(load))
-    print(f"ratio (rows/s): reverse/LOAD DATA = {rev.rate / load.rate:.2f}")
+    for rev, load in pairs:
+        print(fmt_row(rev))
+        print(fmt_row(load))
+        print(f"{'':<4}ratio of this pair {load.seconds / rev.seconds:.2f}")
+    mid_rev = median(rev.seconds for rev, _ in pairs)
+    mid_load = median(load.seconds for _, load in pairs)
+    print(f"ratio (rows/s, medians of {repeat}: reverse {mid_rev:.2f} s, LOAD DATA "
+          f"{mid_load:.2f} s): reverse/LOAD DATA = {mid_load / mid_rev:.2f}")
 
 
 def main(argv: Iterable[str] | None = None) -> None:
     """Parse the options, then run on the private shard-host bench."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--users", type=int, default=5000, help="legacy users (~40 rows each)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="pairs of run and reference, taken in turn (default 3)")
     args = ap.parse_args(None if argv is None else list(argv))
-    with_bench(lambda bench: run(bench, args.users))
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    with_bench(lambda bench: run(bench, args.users, args.repeat))
 
 
 if __name__ == "__main__":

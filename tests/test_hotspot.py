@@ -253,6 +253,42 @@ def test_reverse_chunks_pack_small_shards_and_cut_big_ones():
     assert list(reverser.pack([], 8)) == []
 
 
+def test_reverse_plan_cuts_a_big_shard_into_slices_of_whole_from_ids(router):
+    """A shard holding over a quarter of a chunk is cut by the server into slices that
+    begin where the rows before a from_id reach the next multiple of chunk_rows / SLICES,
+    never inside a from_id; a small shard stays one group (real server, checked against
+    the rows counted here)."""
+    big, small = SHARDS_A[0] + 3, SHARDS_A[0] + 4
+    rng = random.Random(7)
+    counts = {ids.encode(big, "user", 800_000_000 + i): rng.choice([1, 2, 5, 9])
+              for i in range(60)}
+    counts[ids.encode(big, "user", 800_000_030)] = 70  # one from_id larger than a slice
+    few = {ids.encode(small, "user", 800_000_000 + i): 1 for i in range(3)}
+    MappingStore(router, "user_follows_boards").add_many(
+        [Edge(u, ids.encode(HOT_SHARD, "board", 800_000_000 + k), 1_500_000_000)
+         for u, n in {**counts, **few}.items() for k in range(n)])
+    step = 20
+    try:
+        chunk_rows = step * reverser.SLICES
+        groups = reverser._groups(
+            reverser._slices(router, ["user_follows_boards"], step)["user_follows_boards"],
+            chunk_rows)
+    finally:
+        for shard, users in ((big, counts), (small, few)):
+            router.run(shard, lambda cur, s=shard, u=list(users): cur.execute(
+                f"DELETE FROM {shard_table(s, 'user_follows_boards')} WHERE from_id IN "
+                f"({', '.join(['%s'] * len(u))})", u))
+    expected: dict[int, list] = {}
+    before = 0
+    for user in sorted(counts):
+        got = expected.setdefault(before // step, [big, user, user, 0])
+        got[2], got[3] = user, got[3] + counts[user]
+        before += counts[user]
+    assert [g for g in groups if g[0] == big] == [tuple(g) for g in expected.values()]
+    assert len(expected) > 5
+    assert [g for g in groups if g[0] == small] == [(small, min(few), max(few), 3)]
+
+
 def test_reverse_chunks_share_the_rows_evenly():
     """Ten shards of 10 rows each, at most 60 a chunk: two chunks of 50, not 60 and 40;
     whole shards (from_id ranges) are the groups a chunk is made of."""

@@ -15,8 +15,10 @@ clean a board under the writer, and no row lands where no reader looks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from itertools import groupby, zip_longest
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
@@ -31,8 +33,10 @@ from sharding.schema import MAPPING_TABLES, shard_table
 
 HANDLER = "loaders.mappings.reverse.reverse_chunk"
 REVERSES = {m.name: m.reverse_of for m in MAPPING_TABLES.values() if m.reverse_of}
-DEFAULT_CHUNK_ROWS = 50_000
+DEFAULT_CHUNK_ROWS = 200_000  # fewer, larger chunks: less interleaving in each reverse table
 PLAN_BATCH = 256  # shards counted per planning statement
+SLICES = 16  # a big shard is cut into slices of about chunk_rows / SLICES rows
+PLAN_THREADS = 4  # planning statements at a time
 
 
 def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
@@ -40,65 +44,66 @@ def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
     """Chunks of about ``chunk_rows`` forward rows each: a big shard is cut into from_id
     ranges, small shards are packed together (so a chunk writes each destination shard
     once for many sources, and the number of chunks follows the rows, not the shards).
-    The largest chunks come first, so that workers taking them in turn end together."""
+    Tables take turns in the queue, so that workers running side by side write different
+    tables instead of contending for the same index pages; each table's largest chunks
+    come first, so that workers taking them in turn end together."""
     tables = tables or list(REVERSES)
     unknown = [t for t in tables if t not in REVERSES]
     if unknown:
         names = ", ".join(repr(t)[1:-1][:64] for t in unknown)
         raise UsageError(f"not a reverse table: {names} (known: {', '.join(REVERSES)})")
-    chunks = [ChunkSpec(t, {"table": t, "parts": parts}, rows) for t in tables
-              for parts, rows in pack(_groups(router, REVERSES[t], chunk_rows), chunk_rows)]
-    chunks.sort(key=lambda c: -(c.rows or 0))
+    sliced = _slices(router, [REVERSES[t] for t in tables], max(1, chunk_rows // SLICES))
+    per_table = [sorted((ChunkSpec(t, {"table": t, "parts": parts}, rows) for parts, rows
+                         in pack(_groups(sliced[REVERSES[t]], chunk_rows), chunk_rows)),
+                        key=lambda c: -(c.rows or 0)) for t in tables]
+    chunks = [c for turn in zip_longest(*per_table) for c in turn if c is not None]
     return {"kinds": tables, "chunk_rows": chunk_rows}, chunks
 
 
-def _groups(router: Router, forward: str, chunk_rows: int) -> list[tuple[int, int, int, int]]:
-    """``(shard, lo, hi, rows)`` from_id ranges of ``forward`` in shard order, where a chunk
-    may begin: a whole shard when it holds at most a quarter of ``chunk_rows`` rows, else
-    each of its from_ids (counted only on those shards)."""
-    sizes = _batched(router, forward, list(router.shardmap.shards()), _count_shards)
-    big = [s for s, n, _lo, _hi in sizes if n > chunk_rows // 4]
-    keys: dict[int, list[tuple[int, int, int, int]]] = {}
-    for shard, key, n in _batched(router, forward, big, _count_keys):
-        keys.setdefault(shard, []).append((shard, key, key, n))
+def _groups(slices: list[tuple], chunk_rows: int) -> list[tuple[int, int, int, int]]:
+    """``(shard, lo, hi, rows)`` from_id ranges in shard order, where a chunk may begin, from
+    a table's ``slices``: a whole shard when it holds at most a quarter of ``chunk_rows``
+    rows, else its slices."""
     out: list[tuple[int, int, int, int]] = []
-    for shard, n, lo, hi in sizes:
-        if shard in keys:
-            out += keys[shard]
-        elif n:
-            out.append((shard, lo, hi, n))
+    for shard, group in groupby(slices, key=lambda g: g[0]):
+        cut = list(group)
+        rows = sum(n for *_, n in cut)
+        out += cut if rows > chunk_rows // 4 else [(shard, cut[0][1], cut[-1][2], rows)]
     return out
 
 
-def _batched(router: Router, forward: str, shards: list[int],
-             count: Callable[[Router, str, list[int]], list[tuple]]) -> list[tuple]:
-    """``count(router, forward, batch)`` over ``shards`` (ascending) in batches of up to
-    ``PLAN_BATCH`` consecutive shards of one server, one statement each; rows in order."""
-    out: list[tuple] = []
-    batch: list[int] = []
-    for shard in shards:
-        if batch and (len(batch) == PLAN_BATCH or router.host_for(shard).server
-                      != router.host_for(batch[0]).server):
-            out += count(router, forward, batch)
-            batch = []
-        batch.append(shard)
-    if batch:
-        out += count(router, forward, batch)
+def _slices(router: Router, forwards: list[str], step: int) -> dict[str, list[tuple]]:
+    """Each forward table's ``_slice_keys`` on every shard, in shard order: a statement per
+    table and batch of up to ``PLAN_BATCH`` consecutive shards of one server,
+    ``PLAN_THREADS`` statements at a time (one pass over each table)."""
+    batches: list[list[int]] = []
+    for shard in router.shardmap.shards():
+        if batches and len(batches[-1]) < PLAN_BATCH and (
+                router.host_for(shard).server == router.host_for(batches[-1][0]).server):
+            batches[-1].append(shard)
+        else:
+            batches.append([shard])
+    work = [(f, b) for f in forwards for b in batches]
+    with ThreadPoolExecutor(PLAN_THREADS) as pool:
+        got = list(pool.map(lambda w: _slice_keys(router, *w, step), work))
+    out: dict[str, list[tuple]] = {f: [] for f in forwards}
+    for (forward, _), rows in zip(work, got, strict=True):
+        out[forward] += rows
     return out
 
 
-def _count_shards(router: Router, forward: str, shards: list[int]) -> list[tuple]:
-    """``(shard, rows, min from_id, max from_id)`` of ``forward`` on each of ``shards``."""
-    sql = " UNION ALL ".join(f"(SELECT {s}, COUNT(*), MIN(from_id), MAX(from_id) FROM "
-                             f"{shard_table(s, forward)})" for s in shards)
-    return router.query(router.host_for(shards[0]), sql + " ORDER BY 1", (), shards[0])
-
-
-def _count_keys(router: Router, forward: str, shards: list[int]) -> list[tuple]:
-    """``(shard, from_id, rows)`` of ``forward`` on ``shards`` (all on one server), in order."""
-    sql = " UNION ALL ".join(f"(SELECT {s} AS shard, from_id, COUNT(*) FROM "
-                             f"{shard_table(s, forward)} GROUP BY from_id)" for s in shards)
-    return router.query(router.host_for(shards[0]), sql + " ORDER BY 1, 2", (), shards[0])
+def _slice_keys(router: Router, forward: str, shards: list[int], step: int) -> list[tuple]:
+    """``(shard, lo, hi, rows)`` slices of ``forward`` on ``shards`` (all on one server), in
+    order: consecutive from_ids, a slice per ``step`` rows that precede its first from_id
+    (a from_id is never cut; a slice of one big from_id may hold more). The server sums
+    and cuts, so only the slices cross the network, not a row per from_id."""
+    keys = " UNION ALL ".join(f"(SELECT {s} AS shard, from_id, COUNT(*) AS n FROM "
+                              f"{shard_table(s, forward)} GROUP BY from_id)" for s in shards)
+    sql = ("SELECT shard, MIN(from_id), MAX(from_id), SUM(n) FROM (SELECT shard, from_id, n, "
+           "SUM(n) OVER (PARTITION BY shard ORDER BY from_id ROWS UNBOUNDED PRECEDING) - n "
+           f"AS rows_before FROM ({keys}) k) w GROUP BY shard, rows_before DIV %s ORDER BY 1, 2")
+    return [(int(s), int(lo), int(hi), int(n)) for s, lo, hi, n in
+            router.query(router.host_for(shards[0]), sql, (step,), shards[0])]
 
 
 def pack(groups: Iterable[tuple[int, int, int, int]], chunk_rows: int
