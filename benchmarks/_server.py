@@ -94,3 +94,24 @@ class ShardHostMariaDB(PrivateMariaDB):
                 return dict(cur.fetchall())
         finally:
             conn.close()
+
+
+def questions(server: PrivateMariaDB) -> tuple[int, int]:
+    """Statements the server has been sent and rows it has read so far (Rows_read)."""
+    got = dict(server.sql("SHOW GLOBAL STATUS WHERE Variable_name IN "
+                          "('Questions', 'Rows_read')"))
+    return int(got["Questions"]), int(got["Rows_read"])
+
+
+def start_table_stats(server: PrivateMariaDB) -> None:
+    """Count rows read per table from now on (MariaDB's ``userstat``)."""
+    server.sql("SET GLOBAL userstat = 1")
+    server.sql("FLUSH TABLE_STATISTICS")
+
+
+def table_stats(server: PrivateMariaDB, top: int = 6) -> list[tuple[str, int]]:
+    """The tables (over every shard and bucket) whose rows were read most since
+    ``start_table_stats``."""
+    return [(str(t), int(n)) for t, n in server.sql(
+        "SELECT REGEXP_REPLACE(TABLE_NAME, '_[0-9]+$', ''), SUM(ROWS_READ) n FROM "
+        "information_schema.TABLE_STATISTICS GROUP BY 1 ORDER BY n DESC LIMIT %s", (top,))]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,3 +45,9 @@ def workers_peak(supervisor: int) -> float:
             if line.startswith("VmHWM:"):
                 peaks.append(int(line.split()[1]) / 1024)
     return max(peaks)
+
+
+def children_cpu() -> float:
+    """CPU seconds of the waited-for child processes so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
