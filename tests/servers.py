@@ -106,7 +106,8 @@ class PrivateMariaDB:
         datadir = base / "data"
         done = subprocess.run([INSTALL_DB, "--no-defaults", f"--datadir={datadir}",
                                "--user=root", "--auth-root-authentication-method=normal",
-                               "--skip-test-db"], capture_output=True, text=True)
+                               "--skip-test-db", f"--tmpdir={base}"],  # nothing shared in /tmp
+                              capture_output=True, text=True)
         if done.returncode:
             shutil.rmtree(base, ignore_errors=True)
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
