@@ -187,7 +187,7 @@ def load_data(f: Fleet, label: str, names: Iterable[str], workdir: Path,
     if wrong:
         raise RuntimeError(f"LOAD DATA reference: {len(wrong)} table(s) differ, e.g. {wrong[0]}")
     return Measure(f"{label}: LOAD DATA, {THREADS} threads, {len(tables):,} tables",
-                     sum(len(t.rows) for t in tables), seconds)
+                   sum(len(t.rows) for t in tables), seconds)
 
 
 def counts(f: Fleet, tables: list[Table]) -> dict[tuple[int, str], int]:
@@ -246,7 +246,7 @@ def feeds(f: Fleet, scratch: Path) -> Measure:
         raise RuntimeError("feeds reference: a feed was written with another length")
     red.close()
     return Measure(f"feeds: Redis pipelines, {THREADS} clients, {len(names):,} feeds "
-                     "(rows: feed entries)", sum(len(v) for v in lists.values()), seconds)
+                   "(rows: feed entries)", sum(len(v) for v in lists.values()), seconds)
 
 
 def export(f: Fleet, scratch: Path) -> Measure:
@@ -260,7 +260,7 @@ def export(f: Fleet, scratch: Path) -> Measure:
                                                scratch / f"export{s}"), (0, 1)))
     seconds = time.perf_counter() - start
     return Measure(f"export: INTO OUTFILE + gzip -6, one thread per server, "
-                     f"{len(shard_tables):,} tables", rows, seconds)
+                   f"{len(shard_tables):,} tables", rows, seconds)
 
 
 def _outfile(f: Fleet, server: int, tables: list[tuple[int, str, str]], into: Path) -> int:

@@ -175,11 +175,12 @@ def rq_worker_keys(conn: redis.Redis, queues: set[str], dry: bool = False) -> in
     n = 0
     prefix = Worker.redis_worker_namespace_prefix
     for key in conn.scan_iter(match=prefix + "*", count=1000):
-        if not _listens_only(conn, key, queues):
+        listens = _listens(conn, key)
+        if not _only(listens, queues):
             continue
         n += 1
         if not dry:
-            for q in (conn.hget(key, "queues") or b"").decode().split(","):
+            for q in listens:
                 conn.srem(WORKERS_BY_QUEUE_KEY % q, key)
             conn.delete(key)
             conn.srem(REDIS_WORKER_KEYS, key)
@@ -191,16 +192,20 @@ def orphan_rq_locks(conn: redis.Redis, queues: set[str], dry: bool = False) -> i
     listens only to the farm's ``queues`` (the clean removes them): no other application's
     worker can then hold it, and it would only expire by itself."""
     prefix = Worker.redis_worker_namespace_prefix
-    if any(not _listens_only(conn, key, queues)
+    if any(not _only(_listens(conn, key), queues)
            for key in conn.scan_iter(match=prefix + "*", count=1000)):
         return 0
     lock = Group.REDIS_GROUP_CLEANING_KEY
     return int(bool(conn.exists(lock))) if dry else conn.delete(lock)
 
 
-def _listens_only(conn: redis.Redis, key: bytes, queues: set[str]) -> bool:
-    """Whether the rq worker registered at ``key`` listens to some queues, all in ``queues``."""
-    listens = {q for q in (conn.hget(key, "queues") or b"").decode().split(",") if q}
+def _listens(conn: redis.Redis, key: bytes) -> set[str]:
+    """The queues the rq worker registered at ``key`` listens to."""
+    return {q for q in (conn.hget(key, "queues") or b"").decode().split(",") if q}
+
+
+def _only(listens: set[str], queues: set[str]) -> bool:
+    """Whether a worker listening to ``listens`` listens to some queues, all in ``queues``."""
     return bool(listens) and listens <= queues
 
 

@@ -122,13 +122,18 @@ class Router:
 
         def guarded(cur: pymysql.cursors.Cursor) -> T:
             if role == "master":
-                try:
-                    fencing.check_map(cur, shard, routed[0])
-                except StaleMapError:
-                    self.source.refresh()
-                    raise
+                self._check_map(cur, shard, routed[0])
             return fn(cur)
         return retried(connect, guarded, transaction=True, policy=policy or self.policy)
+
+    def _check_map(self, cur: pymysql.cursors.Cursor, shard: int, routed: int) -> None:
+        """``fencing.check_map`` on the shard's master; a map newer than the ``routed``
+        version is fetched at once, so the retry routes with it."""
+        try:
+            fencing.check_map(cur, shard, routed)
+        except StaleMapError:
+            self.source.refresh()
+            raise
 
     def server_groups(self, shards: list[int], parts: int = 1,
                       most: int = 128) -> list[list[int]]:
@@ -162,11 +167,7 @@ class Router:
 
         def guarded(cur: pymysql.cursors.Cursor) -> None:
             for shard in shards:
-                try:
-                    fencing.check_map(cur, shard, routed[0])
-                except StaleMapError:
-                    self.source.refresh()
-                    raise
+                self._check_map(cur, shard, routed[0])
                 fn(cur, shard)
         try:
             retried(connect, guarded, transaction=True, policy=policy or self.policy)
