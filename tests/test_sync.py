@@ -12,8 +12,14 @@ import pymysql
 import pytest
 import redis
 
+from loaders.migration import sync
+from shardfarm.errors import FencedError
+from shardfarm.retry import RetryPolicy
+from sharding import fencing
+from sharding.fencing import FenceToken
+from sharding.schema import shard_table
 from tests import faults
-from tests.conftest import run_farm
+from tests.conftest import SHARDS_A, run_farm
 from tests.contract_checker import check_migration
 from tests.dashkit import dashboard, get, labels, scrape
 from tests.farmkit import start_workers, stop
@@ -21,6 +27,7 @@ from tests.migratekit import last_json, quarantine_rows, truncate_target
 from tests.servers import PrivateMariaDB
 
 USERS = 40
+ONCE = RetryPolicy(attempts=1)
 CHECKPOINT = "UPDATE sync_state SET run_id"
 
 
@@ -263,3 +270,32 @@ def test_the_binlog_reader_process_ends_with_its_follower(legacy_server):
     parent.wait()
     parent.stdout.close()
     faults.wait_until(lambda: not _running(reader), "the reader process to end", timeout=15)
+
+
+def test_tables_fence_apart_and_a_zombie_leader_is_refused_per_table(router):
+    """Selections of different tables write under fence rows of their own: one holding its
+    row does not make another wait (lock wait 1 s here). A zombie leader (an older lease)
+    is refused on a shard once its successor wrote the same table's rows there."""
+    shard = SHARDS_A[0] + 5
+    zombie, heir = FenceToken("sync-test", 0, 1), FenceToken("sync-test", 0, 2)
+
+    def impatient(token: FenceToken):
+        def tx(cur) -> None:
+            cur.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            try:
+                fencing.check(cur, shard, token)
+            finally:
+                cur.execute("SET SESSION innodb_lock_wait_timeout = DEFAULT")
+        return tx
+
+    def heir_holds_pins(cur) -> None:
+        fencing.check(cur, shard, sync.table_token(heir, "pins"))  # locked until commit
+        router.run(shard, impatient(sync.table_token(zombie, "likes")), policy=ONCE)
+    try:
+        router.run(shard, heir_holds_pins, policy=ONCE)
+        with pytest.raises(FencedError, match="taken over"):
+            router.run(shard, impatient(sync.table_token(zombie, "pins")), policy=ONCE)
+        router.run(shard, impatient(sync.table_token(zombie, "likes")), policy=ONCE)
+    finally:
+        router.run(shard, lambda cur: cur.execute(
+            f"DELETE FROM {shard_table(shard, 'chunk_fences')} WHERE run_id = 'sync-test'"))

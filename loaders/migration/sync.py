@@ -128,6 +128,17 @@ def _selections(changes: Changes, table: str) -> list[tuple[Selection, list[str]
     return out
 
 
+def table_token(token: FenceToken | None, table: str) -> FenceToken | None:
+    """The lease's token for writes of ``table``'s target rows: one fence row per legacy
+    table on each shard, as a migration has one per chunk. Selections of different tables
+    write different target rows, so their transactions need not wait for each other on a
+    shared fence row; a zombie leader is refused on a shard once its successor wrote the
+    same table's rows there, the only writes its late ones could overtake."""
+    if token is None:
+        return None
+    return FenceToken(token.run_id, 1 + ORDER.index(table), token.fence)
+
+
 class Readers:
     """Legacy connections, one per thread applying a batch (``APPLY_THREADS``)."""
 
@@ -173,7 +184,8 @@ def apply(router: Router, token: FenceToken | None, readers: Readers, quarantine
             quarantine.replace(run["run_id"], table, keys, bad, prefix)
         with readers.one() as reader:
             st = ProcessState(reader, cache, Verdicts())
-            load_selection(router, token, st, run["params"], table, sel, record)
+            load_selection(router, table_token(token, table), st, run["params"], table, sel,
+                           record)
     with ThreadPoolExecutor(readers.threads, thread_name_prefix="sync-apply") as pool:
         for f in [pool.submit(one, *job) for job in jobs]:
             f.result()
