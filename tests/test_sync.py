@@ -1,7 +1,8 @@
 """``farm sync`` and ``farm cutover`` on a private mariadbd writing a ROW binlog with GTIDs:
 a write load (inserts, updates, deletes, cascading deletes, bad rows, rows made valid)
 runs while ``farm migrate`` and ``farm sync`` run; a worker is SIGKILLed inside a chunk of
-the migration and sync between an apply and its checkpoint; after ``farm cutover
+the migration, and sync between an apply and its checkpoint and inside an apply (moved
+pins' new slots written, their old ones not yet retired); after ``farm cutover
 --freeze`` the target matches the independent checker exactly. Plus the one-line
 refusals (no binlog, a purged position)."""
 
@@ -13,6 +14,7 @@ import pytest
 import redis
 
 from loaders.migration import sync
+from loaders.migration.binlog import behind
 from shardfarm.errors import FencedError
 from shardfarm.retry import RetryPolicy
 from sharding import fencing
@@ -29,6 +31,18 @@ from tests.servers import PrivateMariaDB
 USERS = 40
 ONCE = RetryPolicy(attempts=1)
 CHECKPOINT = "UPDATE sync_state SET run_id"
+VALID_BOARD = ("(SELECT b.id FROM boards b JOIN users u ON u.id = b.user_id WHERE b.id < 900000 "
+               "AND b.created_at IS NOT NULL AND u.username IS NOT NULL AND u.created_at IS NOT "
+               "NULL ORDER BY b.id DESC LIMIT 1)")
+MOVED_PINS = (f"UPDATE pins SET board_id = {VALID_BOARD}, user_id = (SELECT user_id FROM "
+              f"boards WHERE id = {VALID_BOARD}) WHERE id % 7 = 0 AND id {{}} 34359738368")
+MOVES = [  # objects placed anew, and where sync is killed applying them:
+    # small IDs: new slots written and mapped, the first old slot of a pin not yet retired
+    ([MOVED_PINS.format("<")], "`pins` SET active = 0"),
+    # big IDs (and the pins of moved boards): an old slot read to be retired, no new ID yet
+    ([MOVED_PINS.format(">="), "UPDATE boards SET user_id = (SELECT MIN(id) FROM users WHERE "
+      "username IS NOT NULL AND created_at IS NOT NULL) WHERE id % 13 = 0"],
+     "SELECT local_id, data FROM")]
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +157,7 @@ def _kill_a_worker_inside_a_chunk(server, ledger, since) -> tuple[str, int]:
 
 
 @pytest.mark.slow
-def test_sync_killed_between_apply_and_checkpoint_then_cutover_is_exact(
+def test_sync_killed_mid_apply_or_before_its_checkpoint_then_cutover_is_exact(
         live, settings, ledger, map_path, legacy_server, monkeypatch):
     half = len(LOAD) // 2
     (since,), = ledger.pool.query("SELECT NOW(3)")
@@ -170,6 +184,12 @@ def test_sync_killed_between_apply_and_checkpoint_then_cutover_is_exact(
                           "UPDATE users SET created_at = NOW() WHERE created_at IS NULL"])
     assert faults.run_killed("sync", args, 1) == -9  # killed again after applying more
     assert not ledger.sync_state.read().get("gtid")
+    for moves, step in MOVES:
+        monkeypatch.setenv("FARM_FAULT_MATCH", step)
+        _load(legacy_server, moves)
+        assert faults.run_killed("sync", args, 1) == -9
+        (now,), = legacy_server.sql("SELECT @@gtid_binlog_pos")
+        assert behind(ledger.sync_state.read().get("gtid") or "", now) >= len(moves)
     monkeypatch.delenv("FARM_FAULT_MATCH")
     done = run_farm(live, "sync", "--until-caught-up", timeout=300)
     assert done.returncode == 0, done.stderr

@@ -84,17 +84,19 @@ class NewIds:
         # an ID on another shard than the row's placement now (its board moved): a new one
         todo = {k: v for k, v in big.items() if not self._placed(k, v[1])}
         if allocate and todo:
-            before = {k: self.cache[k] for k in todo if k in self.cache}
+            self._retire_moved(todo)
             self.cache.update(self._allocate(todo))
-            self._retire_moved(todo, before)
 
-    def _retire_moved(self, todo: dict, before: dict[tuple[int, int], int]) -> None:
-        """Retire the old slots of big legacy IDs given a new ID on another shard."""
+    def _retire_moved(self, todo: dict[tuple[int, int], tuple[LegacyTable, int]]) -> None:
+        """Retire the old slots of big legacy IDs about to get a new ID on another shard.
+        Before the new ID is recorded, not after: ``legacy_id_map`` is the only way to a big
+        ID's slot, so a process killed between the two would leave an active old slot that
+        nothing leads to; this way the map still names it, and the next attempt retires it
+        (again: retiring is idempotent)."""
         by_table: dict[str, tuple[LegacyTable, dict[int, int]]] = {}
-        for key, old in before.items():
-            if self.cache[key] != old:
-                tbl = todo[key][0]
-                by_table.setdefault(tbl.name, (tbl, {}))[1][old] = key[1]
+        for key, (tbl, _) in todo.items():
+            if key in self.cache:
+                by_table.setdefault(tbl.name, (tbl, {}))[1][self.cache[key]] = key[1]
         for tbl, objects in by_table.values():
             retire.moved(self.router, tbl, objects)
 
