@@ -3,7 +3,7 @@ keys a batch of changes touches."""
 
 import pytest
 
-from loaders.migration import binlog
+from loaders.migration import binlog, sync
 from loaders.migration.present import Selection
 from loaders.migration.sync import Changes
 
@@ -48,3 +48,18 @@ def test_a_selection_of_pairs_takes_small_ids_only():
     assert sel.values == (3, 7) and sel.pairs == {(7, 42), (3, 9), (7, 1)}
     with pytest.raises(ValueError):
         Selection.of_pairs({(7, 1 << 35)})
+
+
+def test_only_a_changed_placing_column_looks_for_an_old_slot_on_every_shard():
+    c = Changes()
+    pin = {"id": 1, "user_id": 2, "board_id": 3, "created_at": "2015-01-01"}
+    c.add("pins", pin, {**pin, "created_at": None})  # judged, but placed the same
+    c.add("pins", {**pin, "id": 4}, {**pin, "id": 4, "board_id": 5, "user_id": 6})  # moved
+    c.add("pins", None, {**pin, "id": 8})  # new: nothing of it anywhere but where mapped
+    comment = {"id": 7, "pin_id": 1, "user_id": 2, "created_at": "2015-01-01"}
+    c.add("comments", comment, {**comment, "pin_id": 4})  # placed with its pin: moved
+    c.add("users", {"id": 2, "username": "a"}, {"id": 2, "username": "b"})  # users never move
+    assert c.moved == {"pins": {4}, "comments": {7}}
+    got = [(s.values, s.mapped_only, keys) for s, keys, _ in sync._selections(c, "pins")]
+    assert got == [((4,), False, ["4"]), ((1, 8), True, ["1", "8"])]
+    assert [s.mapped_only for s, _, _ in sync._selections(c, "users")] == [True]

@@ -42,12 +42,14 @@ class Selection:
     hi: int
     values: tuple[int, ...] | None = None
     pairs: frozenset[tuple[int, int]] | None = None
+    mapped_only: bool = False
 
     @classmethod
-    def of(cls, values: list[int]) -> Selection:
-        """A selection of exactly these values."""
+    def of(cls, values: list[int], mapped_only: bool = False) -> Selection:
+        """A selection of exactly these values; ``mapped_only``: objects whose active slot
+        can only be where ``legacy_id_map`` places them (see ``held_objects``)."""
         v = tuple(sorted(set(values)))
-        return cls(v[0] if v else 0, v[-1] if v else -1, v)
+        return cls(v[0] if v else 0, v[-1] if v else -1, v, mapped_only=mapped_only)
 
     @classmethod
     def of_pairs(cls, pairs: set[tuple[int, int]]) -> Selection:
@@ -176,13 +178,20 @@ def _slots_by_id(router: Router, name: str, new_ids: list[int]) -> list[tuple]:
 
 def held_objects(router: Router, name: str, type_name: str, sel: Selection) -> Held:
     """Active object slots and ``legacy_id_map`` rows the target holds for ``sel``; a slot
-    counts only if its document names the legacy row that owns it."""
+    counts only if its document names the legacy row that owns it.
+
+    A legacy ID below 2**35 is looked for at its local ID on every shard (an earlier
+    placement may have left it anywhere) unless ``sel.mapped_only``: then only where
+    ``legacy_id_map`` places it, one index read instead of one per shard. That is for
+    objects no change since the last completed apply could have moved (``farm sync``):
+    an object is only ever written away from its mapped shard by a change of its
+    placement, and until that change is applied to the end it is applied again."""
     out = Held(mapped=mapped_ids(router, type_name, sel))
     type_id = ids.TYPES[type_name]
-    small = sel.small()
+    small = None if sel.mapped_only else sel.small()
     rows = _slots_small(router, name, type_id, small) if small else []
-    big = [new for legacy, new in out.mapped.items() if not fits(legacy)]
-    rows += _slots_by_id(router, name, big) if big else []
+    found = [new for legacy, new in out.mapped.items() if sel.mapped_only or not fits(legacy)]
+    rows += _slots_by_id(router, name, found) if found else []
     for new_id, local, data in rows:
         doc = loads(data)
         legacy = doc.get("legacy_id")

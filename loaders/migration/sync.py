@@ -24,7 +24,7 @@ from loaders.migration.legacy import LegacyReader
 from loaders.migration.migrate import ProcessState, load_selection
 from loaders.migration.newids import IdCache, fits
 from loaders.migration.present import Selection
-from loaders.migration.spec import ORDER, SPEC
+from loaders.migration.spec import ORDER, RANDOM, SPEC
 from loaders.migration.verdicts import Verdicts
 from shardfarm.mysql.dsn import DSN
 from sharding.fencing import FenceToken
@@ -47,12 +47,16 @@ class Changes:
 
     An object is its ID (in ``keys``). A link row (follow, like) is its whole key (in
     ``pairs``) when both IDs are below 2**35; otherwise, or when its user changed, the
-    user's rows are taken whole (its ID in ``keys``).
+    user's rows are taken whole (its ID in ``keys``). An object whose placement a change
+    may have moved (its placing column changed, or it depends on a changed root) is also
+    in ``moved``: its old slot is looked for on every shard, any other only where
+    ``legacy_id_map`` places it (``present.held_objects``).
     """
 
     keys: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     pairs: dict[str, set[tuple[int, int]]] = field(default_factory=lambda: defaultdict(set))
     roots: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
+    moved: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
 
     def add(self, table: str, before: dict | None, after: dict | None) -> None:
         """One row change (``before``/``after`` images; ``None`` for insert/delete)."""
@@ -62,6 +66,10 @@ class Changes:
         images = [i for i in (before, after) if i is not None]
         for image in images:
             self.key(table, tuple(int(image[k]) for k in spec.key))
+        place = spec.placement if spec.placement != RANDOM else None
+        if place and before is not None and after is not None \
+                and before.get(place) != after.get(place):
+            self.moved[table].add(int(after["id"]))
         if table in DEPENDENTS:
             judged = spec.judge_columns
             if before is None or after is None or any(
@@ -94,6 +102,8 @@ def expand(reader: LegacyReader, changes: Changes) -> Changes:
                     continue
                 for k in found:
                     changes.key(dep, k)
+                if SPEC[dep].is_object:
+                    changes.moved[dep].update(k[0] for k in found)
                 if dep in DEPENDENTS:
                     ids_found = {k[0] for k in found}
                     nxt[dep] |= ids_found - changes.roots.get(dep, set())
@@ -119,8 +129,15 @@ def _selections(changes: Changes, table: str) -> list[tuple[Selection, list[str]
     """What to apply of ``table``: selections with the quarantine keys each stands for
     (``prefix``: a first key column standing for all its rows)."""
     whole = sorted(changes.keys.get(table, ()))
-    out = [(Selection.of(whole), [str(v) for v in whole], not SPEC[table].is_object)] \
-        if whole else []
+    out: list[tuple[Selection, list[str], bool]] = []
+    if SPEC[table].is_object:
+        moved = changes.moved.get(table, set())
+        for part, mapped_only in (([v for v in whole if v in moved], False),
+                                  ([v for v in whole if v not in moved], True)):
+            if part:
+                out.append((Selection.of(part, mapped_only), [str(v) for v in part], False))
+    elif whole:
+        out.append((Selection.of(whole), [str(v) for v in whole], True))
     taken = set(whole)
     pairs = {p for p in changes.pairs.get(table, ()) if p[0] not in taken}
     if pairs:

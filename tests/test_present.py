@@ -1,0 +1,52 @@
+"""What the target holds for a selection, read from real shards and mod buckets."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loaders.migration.present import Selection, held_objects
+from sharding import ids
+from sharding.modshard import bucket_of, legacy_key
+from sharding.schema import mod_table, shard_table
+from tests.conftest import SHARDS_A, SHARDS_B
+
+LEGACY = 777_000_123  # a legacy pin ID below 2**35: its own local ID wherever it sits
+
+
+@pytest.fixture
+def two_slots(router):
+    """Pin ``LEGACY`` active on two shards, ``legacy_id_map`` placing it on the first: the
+    second is an old slot a placement change left behind."""
+    mapped, stray = SHARDS_A[0] + 1, SHARDS_B[0] + 2
+    doc = json.dumps({"legacy_id": LEGACY})
+    bucket = bucket_of(legacy_key("pin", LEGACY), router.shardmap.buckets)
+    new_id = ids.encode(mapped, ids.TYPES["pin"], LEGACY)
+    for s in (mapped, stray):
+        router.run(s, lambda cur, s=s: cur.execute(
+            f"INSERT INTO {shard_table(s, 'pins')} (local_id, data, active) VALUES "
+            "(%s, %s, 1)", (LEGACY, doc)))
+    router.run_mod(bucket, lambda cur: cur.execute(
+        f"INSERT INTO {mod_table(bucket, 'legacy_id_map')} (type_id, legacy_id, new_id) "
+        "VALUES (%s, %s, %s)", (ids.TYPES["pin"], LEGACY, new_id)))
+    yield new_id, ids.encode(stray, ids.TYPES["pin"], LEGACY)
+    for s in (mapped, stray):
+        router.run(s, lambda cur, s=s: cur.execute(
+            f"DELETE FROM {shard_table(s, 'pins')} WHERE local_id = %s", (LEGACY,)))
+    router.run_mod(bucket, lambda cur: cur.execute(
+        f"DELETE FROM {mod_table(bucket, 'legacy_id_map')} WHERE legacy_id = %s", (LEGACY,)))
+
+
+def test_a_selection_finds_old_slots_on_every_shard_unless_mapped_only(router, two_slots):
+    mapped, stray = two_slots
+    everywhere = held_objects(router, "pins", "pin", Selection.of([LEGACY]))
+    assert set(everywhere.slots) == {mapped, stray} and everywhere.mapped == {LEGACY: mapped}
+    narrow = held_objects(router, "pins", "pin", Selection.of([LEGACY], mapped_only=True))
+    assert set(narrow.slots) == {mapped} and narrow.slots[mapped] == (LEGACY, {
+        "legacy_id": LEGACY})
+
+
+def test_mapped_only_finds_nothing_for_an_id_the_map_does_not_hold(router):
+    held = held_objects(router, "pins", "pin", Selection.of([LEGACY + 1], mapped_only=True))
+    assert held.slots == {} and held.mapped == {}
