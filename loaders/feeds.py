@@ -22,6 +22,7 @@ from farmcore import keys
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
 from shardfarm.errors import ConfigError, InvalidIdError, UsageError
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding import ids
 from sharding.router import Router
 from sharding.schema import shard_table
@@ -34,7 +35,7 @@ KIND = "feeds"
 DEFAULT_LENGTH = 500
 MAX_LENGTH = 10_000
 DEFAULT_CHUNK_USERS = 2000
-USER_BATCH = 1000      # users per read round (follows query batch)
+USER_BATCH = IN_LIST_MAX  # users per read round (one IN list of follows a shard)
 BOARD_BATCH = 200      # boards per window-function query
 REDIS_BATCH = 200      # users per MULTI/EXEC
 CACHE_PINS = 2_000_000  # board pins kept across read rounds of one chunk

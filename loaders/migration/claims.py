@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from loaders.migration.build import TargetRows
 from shardfarm.errors import RetryableError
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding.ids import FIRST_ALLOCATED
 from sharding.router import Router
 from sharding.schema import shard_table
@@ -25,7 +26,7 @@ from sharding.schema import shard_table
 if TYPE_CHECKING:
     from pymysql.cursors import Cursor
 
-IN_BATCH = 1000
+IN_BATCH = IN_LIST_MAX
 DENSE = 8  # keys spanning at most this many slots each are read as one range
 HOLDER = "SELECT local_id, JSON_VALUE(data, '$.legacy_id'), JSON_EXISTS(data, '$.allocating')"
 TAKEN = "local_id_taken"

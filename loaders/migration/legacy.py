@@ -15,10 +15,11 @@ from loaders.migration.spec import LegacyTable
 from shardfarm.mysql.connect import refused_infile, translate
 from shardfarm.mysql.db import connect, where
 from shardfarm.mysql.dsn import DSN
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from shardfarm.mysql.pool import retried
 
 SIGNED_LIMIT = 1 << 63
-IN_BATCH = 1000
+IN_BATCH = IN_LIST_MAX
 AGG_ROWS = 5000
 
 
@@ -132,8 +133,9 @@ class LegacyReader:
                cols: tuple[str, ...] | None = None) -> dict[int, dict]:
         """Rows of an object table by ``id`` (only ``cols`` if given), in batches.
 
-        Batches stay at 1,000 IDs: above MariaDB's ``in_predicate_conversion_threshold``
-        the list becomes a join that may scan the whole primary key. IDs of 2**63 and
+        Batches stay below MariaDB's ``in_predicate_conversion_threshold``
+        (``shardfarm.mysql.inlist``): from there on the list becomes a join that may scan
+        the whole primary key. IDs of 2**63 and
         above go in batches of their own: one of them in a list of smaller IDs turns
         MariaDB's range read into a scan of the whole index (measured: 3 s, not 10 ms).
         """

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loaders.migration.newids import SMALL_LIMIT, fits
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding import ids
 from sharding.jsondoc import loads
 from sharding.modshard import bucket_of, legacy_key
@@ -29,7 +30,7 @@ from sharding.schema import mod_table, shard_table
 
 UNION_PARTS = 200
 MAX_PARAMS = 20_000
-IN_LIMIT = 1000  # MariaDB makes a longer IN list a join that may scan the whole index
+IN_LIMIT = IN_LIST_MAX  # a longer IN list becomes a join that may scan the whole index
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from loaders.migration.present import Selection
 from loaders.migration.spec import ORDER, RANDOM, SPEC
 from loaders.migration.verdicts import Verdicts
 from shardfarm.mysql.dsn import DSN
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding.fencing import FenceToken
 from sharding.router import Router
 
@@ -37,7 +38,7 @@ DEPENDENTS: dict[str, tuple[tuple[str, str], ...]] = {
     "boards": (("pins", "board_id"), ("follows", "board_id")),
     "pins": (("comments", "pin_id"), ("likes", "pin_id")),
 }
-IN_BATCH = 1000
+IN_BATCH = IN_LIST_MAX
 APPLY_THREADS = 3  # selections applied at once, as chunks of different tables run at once
 
 

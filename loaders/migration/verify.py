@@ -17,13 +17,14 @@ from farmcore.ledger import Outcome
 from loaders.migration.build import Builder, TargetRows
 from loaders.migration.migrate import judge_chunk, process_state
 from loaders.migration.spec import SELF, SPEC, LegacyTable, legacy_key
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding import ids
 from sharding.jsondoc import dumps, loads
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
 
 HANDLER = "loaders.migration.verify.verify_chunk"
-IN_BATCH = 1000
+IN_BATCH = IN_LIST_MAX
 UNION_BUCKETS = 200
 Problem = tuple[str, str, str, str]
 
