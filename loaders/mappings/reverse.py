@@ -74,21 +74,17 @@ def _groups(slices: list[tuple], chunk_rows: int) -> list[tuple[int, int, int, i
 
 def _slices(router: Router, forwards: list[str], step: int) -> dict[str, list[tuple]]:
     """Each forward table's ``_slice_keys`` on every shard, in shard order: a statement per
-    table and batch of up to ``PLAN_BATCH`` consecutive shards of one server,
+    table and group of up to ``PLAN_BATCH`` shards of one server (``server_groups``),
     ``PLAN_THREADS`` statements at a time (one pass over each table)."""
-    batches: list[list[int]] = []
-    for shard in router.shardmap.shards():
-        if batches and len(batches[-1]) < PLAN_BATCH and (
-                router.host_for(shard).server == router.host_for(batches[-1][0]).server):
-            batches[-1].append(shard)
-        else:
-            batches.append([shard])
+    batches = router.server_groups(list(router.shardmap.shards()), most=PLAN_BATCH)
     work = [(f, b) for f in forwards for b in batches]
     with ThreadPoolExecutor(PLAN_THREADS) as pool:
         got = list(pool.map(lambda w: _slice_keys(router, *w, step), work))
     out: dict[str, list[tuple]] = {f: [] for f in forwards}
     for (forward, _), rows in zip(work, got, strict=True):
         out[forward] += rows
+    for rows in out.values():
+        rows.sort()  # servers' groups may interleave in shard order
     return out
 
 
