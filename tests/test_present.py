@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from loaders.migration.present import Selection, held_objects
+from loaders.migration.present import Selection, held_links, held_objects
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
 from sharding.schema import mod_table, shard_table
@@ -50,3 +50,35 @@ def test_a_selection_finds_old_slots_on_every_shard_unless_mapped_only(router, t
 def test_mapped_only_finds_nothing_for_an_id_the_map_does_not_hold(router):
     held = held_objects(router, "pins", "pin", Selection.of([LEGACY + 1], mapped_only=True))
     assert held.slots == {} and held.mapped == {}
+
+
+def test_a_selection_of_pairs_reads_only_those_pairs(router, monkeypatch):
+    """Of its users' forward rows a pair selection holds exactly its pairs; the server
+    sends no row of a pin none of the read users' pairs names."""
+    shard, other = SHARDS_A[0] + 3, SHARDS_B[0] + 3
+    user_t, pin_t = ids.TYPES["user"], ids.TYPES["pin"]
+    u1, u2 = 900_000_001, 900_000_002
+    rows = [(u1, 1), (u1, 2), (u1, 3), (u2, 1), (u2, 4)]  # (legacy user, legacy pin)
+    q = shard_table(shard, "user_likes_pins")
+    router.run(shard, lambda cur: cur.executemany(
+        f"INSERT INTO {q} (from_id, to_id, sequence) VALUES (%s, %s, 0)",
+        [(ids.encode(shard, user_t, u), ids.encode(other, pin_t, p)) for u, p in rows]))
+    sent: list[tuple] = []
+    real = router.query
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        sent.extend(out)
+        return out
+    monkeypatch.setattr(router, "query", spy)
+    try:
+        held = held_links(router, "user_likes_pins", Selection.of_pairs({(u1, 2), (u2, 4)}),
+                          lambda u: shard)
+    finally:
+        router.run(shard, lambda cur: cur.execute(f"DELETE FROM {q} WHERE from_id IN (%s, %s)",
+                                                  (ids.encode(shard, user_t, u1),
+                                                   ids.encode(shard, user_t, u2))))
+    assert held == {(ids.encode(shard, user_t, u), ids.encode(other, pin_t, p))
+                    for u, p in ((u1, 2), (u2, 4))}
+    # (u1, 4) would pass the server's filter had it existed; pins 1 and 3 never do
+    assert sorted(int(b) & ids.MAX_LOCAL for _, b in sent) == [2, 4]

@@ -233,12 +233,37 @@ def held_links(router: Router, table: str, sel: Selection,
     for u in listed:
         by_shard[u >> ids.SHARD_SHIFT].append(u)
     sels = {s: Selection.of(v) for s, v in by_shard.items()}
+    pair_filter = _pair_filter(sel.pairs) if sel.pairs is not None else None
 
     def listed_part(s: int, piece: Selection) -> tuple[str, list]:
         cond, params = piece.where("from_id")
+        if pair_filter is not None:
+            more, more_params = pair_filter(piece.values or ())
+            cond, params = f"{cond} AND {more}", params + more_params
         return f"SELECT from_id, to_id FROM {shard_table(s, table)} WHERE {cond}", params
     rows += split_read(router, dict(sorted(sels.items())), router.host_for, listed_part)
     held = {(int(a), int(b)) for a, b in rows}
     if sel.pairs is None:
         return held
     return {(a, b) for a, b in held if (a & ids.MAX_LOCAL, b & ids.MAX_LOCAL) in sel.pairs}
+
+
+def _pair_filter(pairs: frozenset[tuple[int, int]]
+                 ) -> Callable[[tuple[int, ...]], tuple[str, list]]:
+    """For a selection of pairs: the condition keeping, of the rows of some users (their
+    new IDs), only those whose ``to_id`` has the local ID of one of those users' pairs.
+    The server drops the users' other rows (one index range each still reads them) instead
+    of sending them to be dropped here; what passes is filtered to the exact pairs after
+    (a user's row may pair it with another user's pin or board)."""
+    targets: dict[int, list[int]] = defaultdict(list)
+    for a, b in pairs:
+        targets[a].append(b)
+
+    def cond(users: tuple[int, ...]) -> tuple[str, list]:
+        wanted = sorted({b for u in users for b in targets.get(u & ids.MAX_LOCAL, ())})
+        if not wanted:
+            return "FALSE", []
+        if len(wanted) > IN_LIMIT:  # a longer list would become a join: filter here only
+            return "TRUE", []
+        return (f"(to_id & {ids.MAX_LOCAL}) IN ({','.join(['%s'] * len(wanted))})", wanted)
+    return cond
