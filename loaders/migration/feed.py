@@ -26,6 +26,8 @@ from shardfarm.errors import FarmError, TransientDatabaseError
 from shardfarm.mysql.dsn import DSN
 
 CHANGE, MARK, ERROR = 0, 1, 2
+# what ``farm sync`` decides by, of each legacy table's changes: its key and judged columns
+JUDGED = {table: spec.judge_columns for table, spec in SPEC.items()}
 SEND_ITEMS = 2000  # changes per message inside a large transaction
 
 
@@ -106,24 +108,15 @@ def _error(kind: str, message: str) -> FarmError:
     return (PurgedPositionError if kind == "purged" else TransientDatabaseError)(message)
 
 
-def _judged(table: str, image: dict | None) -> dict | None:
-    """The columns of a row image ``farm sync`` decides by: the key and the judged ones."""
-    if image is None:
-        return None
-    return {c: image[c] for c in SPEC[table].judge_columns if c in image}
-
-
 def _read(dsn: DSN, start: str, send) -> None:
     """The reader process: stream, reduce, send; an error is sent as the last message."""
     for sig in (signal.SIGINT, signal.SIGTERM):  # sent to the group: the parent stops, and
         signal.signal(sig, signal.SIG_IGN)        # stops this one when it is done
     out: list = []
     try:
-        for item in stream(dsn, start):
+        for item in stream(dsn, start, JUDGED):
             if isinstance(item, Change):
-                if item.table in SPEC:
-                    out.append([CHANGE, item.table, _judged(item.table, item.before),
-                                _judged(item.table, item.after)])
+                out.append([CHANGE, item.table, item.before, item.after])
                 if len(out) < SEND_ITEMS:
                     continue
             else:
