@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -13,19 +14,34 @@ import redis
 from shardfarm import log as farm_log
 from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
-ORDER = ("demo", "shards", "legacy", "migrate", "verify", "quarantine", "reverse", "rebalance",
-         "followers", "feeds", "export", "cron", "workers", "scale", "status", "resume", "pause",
-         "unpause", "sync", "cutover", "failed", "retry-failed", "enqueue", "dashboard", "id",
-         "modshard")
+# command -> the ``scripts`` module registering it, in the order an operator meets them
+COMMANDS: dict[str, str] = {
+    "demo": "cmd_demo", "shards": "cmd_shards", "legacy": "cmd_legacy", "migrate": "cmd_migrate",
+    "verify": "cmd_migrate", "quarantine": "cmd_migrate", "reverse": "cmd_reverse",
+    "rebalance": "cmd_reverse", "followers": "cmd_reverse", "feeds": "cmd_feeds",
+    "export": "cmd_export", "cron": "cmd_export", "workers": "cmd_workers",
+    "scale": "cmd_workers", "status": "cmd_runs", "resume": "cmd_runs", "pause": "cmd_runs",
+    "unpause": "cmd_runs", "sync": "cmd_sync", "cutover": "cmd_sync", "failed": "cmd_runs",
+    "retry-failed": "cmd_runs", "enqueue": "cmd_queue", "dashboard": "cmd_dashboard",
+    "id": "cmd_ids", "modshard": "cmd_ids", "mismatches": "cmd_migrate", "runs": "cmd_runs",
+    "summary": "cmd_runs"}
 
 
 class FarmGroup(click.Group):
-    """A click group that turns ``FarmError`` into one line on stderr and an exit code."""
+    """A click group that turns ``FarmError`` into one line on stderr and an exit code, and
+    imports a command's module only when that command runs (``farm sync`` does not load
+    the demo, the dashboard or the worker supervisor)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         """Commands in the order an operator meets them, not alphabetical."""
-        names = super().list_commands(ctx)
-        return [n for n in ORDER if n in names] + [n for n in names if n not in ORDER]
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command, its module imported and registered on first use."""
+        module = COMMANDS.get(cmd_name)
+        if module is not None and cmd_name not in self.commands:
+            importlib.import_module(f"scripts.{module}").register(self)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context):
         """Run the command; a ``FarmError`` or Redis error becomes one line and an exit code."""
@@ -61,31 +77,6 @@ def cli(log_level: str | None, log_format: str | None) -> None:
     chunks of which run are done.
     """
     farm_log.setup(log_level, log_format)
-
-
-def _register() -> None:
-    from scripts import (
-        cmd_dashboard,
-        cmd_demo,
-        cmd_export,
-        cmd_feeds,
-        cmd_ids,
-        cmd_legacy,
-        cmd_migrate,
-        cmd_queue,
-        cmd_reverse,
-        cmd_runs,
-        cmd_shards,
-        cmd_sync,
-        cmd_workers,
-    )
-    for module in (cmd_ids, cmd_shards, cmd_legacy, cmd_migrate, cmd_reverse, cmd_feeds,
-                   cmd_queue, cmd_workers, cmd_runs, cmd_demo, cmd_export, cmd_sync,
-                   cmd_dashboard):
-        module.register(cli)
-
-
-_register()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -126,3 +126,38 @@ def test_configuration_mistakes_exit_1_in_one_line(farm_env, tmp_path):
         assert out.returncode == 1, (args, out.stderr)
         assert out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
         assert "topsecret" not in out.stderr + out.stdout
+
+
+def test_each_command_comes_from_the_module_named_for_it():
+    """``farm`` imports a command's module when the command runs: every module registers
+    exactly the commands mapped to it, and every command is mapped."""
+    import importlib
+
+    import click
+
+    from scripts.cli import COMMANDS
+    registered: dict[str, str] = {}
+    for module in sorted(set(COMMANDS.values())):
+        group = click.Group()
+        importlib.import_module(f"scripts.{module}").register(group)
+        registered.update(dict.fromkeys(group.commands, module))
+    assert registered == COMMANDS
+
+
+def test_a_command_loads_only_its_own_module(farm_env):
+    import subprocess
+    import sys
+    probe = ("import sys; from scripts.cli import main\n"
+             "try:\n    main(['id', 'decode', '1'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('scripts.cmd_', 'demo', "
+             "'dashboard', 'workers.supervisor'))))")
+    out = subprocess.run([sys.executable, "-c", probe], env=farm_env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "['scripts.cmd_ids']"
+
+
+def test_an_unknown_command_is_a_usage_error(farm_env):
+    out = run_farm(farm_env, "no-such-command")
+    assert out.returncode == 2 and "No such command 'no-such-command'" in out.stderr
+    assert out.stderr.count("\n") == 1
