@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shardfarm.mysql.inlist import IN_LIST_MAX
 from shardfarm.mysql.pool import Pool
 
 if TYPE_CHECKING:  # the ledger wires these stores in: no import at run time
@@ -36,8 +37,8 @@ class Quarantine:
         """Make ``rows`` the quarantine of legacy ``keys`` of ``table`` in a run (``farm
         sync``: a key applied again is quarantined for its current reason or not at all).
         With ``prefix``, a key is a first key column (``7`` stands for ``7:*``)."""
-        for i in range(0, len(keys), BATCH):
-            part = keys[i:i + BATCH]
+        for i in range(0, len(keys), IN_LIST_MAX):
+            part = keys[i:i + IN_LIST_MAX]
             cond = (" OR ".join(["legacy_key LIKE %s"] * len(part)) if prefix
                     else f"legacy_key IN ({','.join(['%s'] * len(part))})")
             args = [f"{k}:%" for k in part] if prefix else part
