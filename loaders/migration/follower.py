@@ -30,7 +30,12 @@ from sharding.router import Router
 
 log = logging.getLogger(__name__)
 LEASE_SECONDS = 10.0
-BATCH_ROWS = 5000  # legacy keys per apply, at most
+# Legacy keys per apply, at most. A batch is only as large as what was read ahead while the
+# last one applied (a few hundred keys when following a live load); a backlog fills it.
+# Most statements of an apply go to every shard or bucket touched, whatever the batch's
+# size, so larger batches cost less per key: a 60k-change backlog applied at 6.4k changes/s
+# with 5,000, 8.6k with 20,000, 10-11k with 50,000 (the sync process's peak RSS 125 MB).
+BATCH_ROWS = 50_000
 
 
 @dataclass
