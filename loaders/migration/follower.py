@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from farmcore.ledger import Ledger
@@ -114,7 +116,11 @@ class Follower:
         if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
             raise FencedError(f"sync lease {fence} lost")
         began = time.monotonic()
-        applied = sync.apply(self.router, token, readers, self.ledger.quarantine, run, changes)
+        with self._renewing(fence) as lost:
+            applied = sync.apply(self.router, token, readers, self.ledger.quarantine, run,
+                                 changes)
+        if lost.is_set():
+            raise FencedError(f"sync lease {fence} lost during an apply")
         if applied:
             log.info("applied %d legacy keys (%s) in %.2fs, up to %s", sum(applied.values()),
                      ", ".join(f"{t} {n}" for t, n in applied.items()),
@@ -126,6 +132,29 @@ class Follower:
         if not self.ledger.sync_state.checkpoint(fence, run["run_id"], mark.position, stamp,
                                                  applied):
             raise FencedError(f"sync lease {fence} lost before its checkpoint")
+
+    @contextmanager
+    def _renewing(self, fence: int) -> Iterator[threading.Event]:
+        """Renew the lease every third of it while the block runs: an apply (a large
+        batch, a deleted user's cascade) may last longer than the lease, and a standby
+        must not take over a leader that is working. The event is set if it was lost."""
+        lost, done = threading.Event(), threading.Event()
+
+        def beat() -> None:
+            while not done.wait(LEASE_SECONDS / 3):
+                try:
+                    if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
+                        lost.set()
+                        return
+                except FarmError as exc:  # the control database blinked: the lease's
+                    log.warning("renewing the sync lease: %s", exc)  # expiry guards
+        beater = threading.Thread(target=beat, daemon=True, name="sync-lease")
+        beater.start()
+        try:
+            yield lost
+        finally:
+            done.set()
+            beater.join()
 
     def _caught_up(self, reader: LegacyReader) -> bool:
         state = self.ledger.sync_state.read()
