@@ -7,9 +7,9 @@ spends. ``farm sync`` looks at a few columns of each change (keys, owners, a use
 a date), so for the column types of the legacy schema this module walks the row bytes
 itself: it skips the other columns by their length and decodes only the wanted ones,
 to the values ``pymysqlreplication`` would give. Any other layout (another column type,
-a fractional-second date, a partial row image, a table whose columns are not the legacy
-schema's) returns ``None`` before a byte is read, and the caller decodes the event the
-library's way.
+text in a character set other than UTF-8, a fractional-second date, a partial row image,
+a table whose columns are not the legacy schema's) returns ``None`` before a byte is
+read, and the caller decodes the event the library's way.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from pymysqlreplication.constants import FIELD_TYPE
 
 from loaders.migration.legacy_schema import LEGACY_COLUMNS
 
-INTS = {FIELD_TYPE.TINY: 1, FIELD_TYPE.SHORT: 2, FIELD_TYPE.INT24: 3, FIELD_TYPE.LONG: 4,
-        FIELD_TYPE.LONGLONG: 8}
 INT, TEXT, SKIP_TEXT, DATETIME2 = 0, 1, 2, 3
 DATETIME2_BYTES = 5
+UTF8 = (None, "utf8", "utf8mb3", "utf8mb4")  # None: not logged (no binlog_row_metadata=FULL)
 
 
 def _plan(ev, wanted: Sequence[str]) -> list[tuple[int, int, str | None]] | None:
@@ -40,8 +39,10 @@ def _plan(ev, wanted: Sequence[str]) -> list[tuple[int, int, str | None]] | None
         if logged[i].name and logged[i].name != name:
             return None  # names logged (binlog_row_metadata=FULL) in another order
         keep = name if name in wanted else None
-        if col.type in INTS:
-            plan.append((INT, INTS[col.type], keep))
+        if getattr(col, "character_set_name", None) not in UTF8:
+            return None  # text logged in another character set: the library decodes it
+        if col.type == FIELD_TYPE.LONGLONG:
+            plan.append((INT, 8, keep))
         elif col.type == FIELD_TYPE.VARCHAR:
             plan.append((TEXT if keep else SKIP_TEXT, 2 if col.max_length > 255 else 1, keep))
         elif col.type == FIELD_TYPE.BLOB:
@@ -61,7 +62,8 @@ def reduced_rows(ev, wanted: Sequence[str]) -> list[tuple[dict | None, dict | No
     """``(before, after)`` images of every row of a write, update or delete rows event,
     holding the ``wanted`` columns only (``None`` for the image an insert or a delete
     lacks); ``None`` when the event must be decoded by the library (nothing read then).
-    Every integer column is read unsigned: the legacy schema's are ``BIGINT UNSIGNED``."""
+    Integers are read unsigned: the legacy schema's are all ``BIGINT UNSIGNED`` (a
+    narrower integer column goes the library's way)."""
     kind = type(ev).__name__
     if kind not in ("WriteRowsEvent", "DeleteRowsEvent", "UpdateRowsEvent"):
         return None
@@ -105,7 +107,7 @@ def _image(data: bytes, pos: int, plan: list[tuple[int, int, str | None]], null_
         length = int.from_bytes(data[pos:pos + size], "little")
         pos += size
         if how == TEXT:
-            out[name] = data[pos:pos + length].decode("utf-8", "surrogateescape")
+            out[name] = data[pos:pos + length].decode("utf-8")
         pos += length
     if pos > len(data):
         raise ValueError("a binlog row image ends past its event")
