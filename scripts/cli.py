@@ -81,8 +81,10 @@ def cli(log_level: str | None, log_format: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors, like every other error, are one line."""
-    if os.getcwd() not in sys.path:  # like rq's --path ., so operators' own modules import
-        sys.path.insert(0, os.getcwd())
+    # like rq's --path ., so operators' own modules import; last, so that a folder here
+    # named like one of the farm's packages cannot stand in for it (commands load late)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         cli.main(args=argv, prog_name="farm", standalone_mode=False)
     except click.UsageError as exc:

@@ -1,6 +1,7 @@
 """The ``farm`` command as operators run it: JSON output, one-line errors, exit codes."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +162,16 @@ def test_an_unknown_command_is_a_usage_error(farm_env):
     out = run_farm(farm_env, "no-such-command")
     assert out.returncode == 2 and "No such command 'no-such-command'" in out.stderr
     assert out.stderr.count("\n") == 1
+
+
+def test_a_folder_named_like_a_farm_package_does_not_stand_in_for_it(farm_env, tmp_path):
+    """Run where the operator keeps a ``jobs/`` package of their own: the farm's commands,
+    loaded when they run, still import the farm's ``jobs``."""
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "__init__.py").write_text("OPERATORS = True\n")
+    import subprocess
+    import sys
+    farm = Path(sys.executable).with_name("farm")  # the installed command (not -m, which
+    out = subprocess.run([str(farm), "enqueue", "--help"], env=farm_env,  # puts "." first)
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Enqueue FUNCTION" in out.stdout, out.stderr
