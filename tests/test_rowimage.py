@@ -2,7 +2,8 @@
 ``pymysqlreplication`` decodes of the same events, on a private ROW-binlog mariadbd: every
 legacy column type, NULLs, long and multi-byte text, zero and real dates, the largest
 unsigned IDs, multi-row events; and the events read the library's way (a partial row
-image, a table laid out otherwise) still come out right."""
+image, a table laid out otherwise) still come out right. A binary log sync cannot follow
+whole (compressed, MINIMAL images) is refused."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from pymysqlreplication.event import HeartbeatLogEvent
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from loaders.migration import binlog, rowimage
+from loaders.migration.legacy import LegacyReader
 from loaders.migration.legacy_schema import LEGACY_DDL
+from shardfarm.errors import ConfigError
 from shardfarm.mysql.dsn import DSN
 from tests.servers import PrivateMariaDB
 
@@ -135,3 +138,29 @@ def test_reduced_images_match_the_librarys_decoding(server, monkeypatch):
     assert "名前" * 20 in names and None in names
     dates = [r[2]["created_at"] for r in got if r[0] == "users" and r[2] and r[1] is None]
     assert dates[-2] is None and str(dates[-1]) == "9999-12-31 23:59:59"  # zero date: None
+
+
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("log_bin_compress", "ON", "log_bin_compress=ON"),
+    ("binlog_row_image", "MINIMAL", "binlog_row_image=MINIMAL")])
+def test_a_binlog_sync_cannot_follow_whole_is_refused(server, variable, value, says):
+    """Compressed row events (the library skips them: changes lost) and MINIMAL images
+    (no key in an update's after image) are refused in one line that says what to set."""
+    was = server.sql(f"SELECT @@{variable}")[0][0]
+    server.sql(f"SET GLOBAL {variable} = {value}")
+    reader = LegacyReader(DSN.parse(f"mysql://root@127.0.0.1:{server.port}/legacy"))
+    try:
+        binlog.check_server(reader)
+    except ConfigError as exc:
+        assert says in str(exc) and "SET GLOBAL" in str(exc) and "\n" not in str(exc)
+    else:
+        pytest.fail("not refused")
+    finally:
+        reader.close()
+        server.sql(f"SET GLOBAL {variable} = '{was}'" if not str(was).isdigit()
+                   else f"SET GLOBAL {variable} = {was}")
+    reader = LegacyReader(DSN.parse(f"mysql://root@127.0.0.1:{server.port}/legacy"))
+    try:
+        binlog.check_server(reader)  # restored: followed again
+    finally:
+        reader.close()

@@ -58,12 +58,23 @@ class Mark:
 
 
 def check_server(reader: LegacyReader) -> None:
-    """Refuse a legacy server whose binary log cannot be followed (one line, how to fix)."""
-    (log_bin, fmt), = reader.query("SELECT @@log_bin, @@binlog_format")
+    """Refuse a legacy server whose binary log cannot be followed (one line, how to fix):
+    none, not row-based, compressed (``pymysqlreplication`` does not know MariaDB's
+    compressed row events and would skip them: changes lost), or with ``MINIMAL`` row
+    images (an update's after image lacks the key)."""
+    (log_bin, fmt, compress, image), = reader.query(
+        "SELECT @@log_bin, @@binlog_format, @@log_bin_compress, @@binlog_row_image")
+    where = f"the legacy server {reader.dsn.host}:{reader.dsn.port}"
     if not int(log_bin) or str(fmt).upper() != "ROW":
-        raise ConfigError(f"the legacy server {reader.dsn.host}:{reader.dsn.port} has "
-                          f"log_bin={'ON' if int(log_bin) else 'OFF'}, binlog_format={fmt}: "
-                          f"farm sync needs a row-based binary log; {HOW_TO_ENABLE}")
+        raise ConfigError(f"{where} has log_bin={'ON' if int(log_bin) else 'OFF'}, "
+                          f"binlog_format={fmt}: farm sync needs a row-based binary log; "
+                          f"{HOW_TO_ENABLE}")
+    if int(compress):
+        raise ConfigError(f"{where} has log_bin_compress=ON: farm sync cannot read compressed "
+                          "row events; SET GLOBAL log_bin_compress=OFF (and in its config)")
+    if str(image).upper() == "MINIMAL":
+        raise ConfigError(f"{where} has binlog_row_image=MINIMAL: farm sync needs whole row "
+                          "images; SET GLOBAL binlog_row_image=FULL (and in its config)")
 
 
 def followable_position(reader: LegacyReader) -> str | None:
