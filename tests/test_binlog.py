@@ -22,6 +22,9 @@ def test_unnamed_row_images_are_named_and_unsigned_by_the_legacy_schema():
     assert binlog.named("follows", image) == {"user_id": (1 << 64) - 1, "board_id": 5,
                                               "created_at": None}
     assert binlog.named("users", {"id": 3, "username": "a"}) == {"id": 3, "username": "a"}
+    # logged names (binlog_row_metadata=FULL) with a column added in the middle: by name
+    logged = {"user_id": 1, "note": "x", "board_id": 5, "created_at": None}
+    assert binlog.named("follows", logged) == logged
 
 
 def test_changes_cascade_only_when_a_judged_column_changes():

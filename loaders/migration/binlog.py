@@ -25,6 +25,7 @@ from shardfarm.errors import ConfigError, FatalError
 from shardfarm.mysql.dsn import DSN
 
 UNSIGNED = 1 << 64
+UNNAMED = "UNKNOWN_COL"  # pymysqlreplication's name for a column the server did not name
 PURGED = 1236  # ER_MASTER_FATAL_ERROR_READING_BINLOG: the position is no longer there
 HOW_TO_ENABLE = ("set log_bin=ON and binlog_format=ROW in its server config ([mysqld] "
                  "log_bin, binlog_format=ROW) and restart it")
@@ -182,11 +183,13 @@ def _kept(table: str, values: dict, wanted: Sequence[str]) -> dict:
 
 def named(table: str, values: dict) -> dict:
     """A row image keyed by column name. Without ``binlog_row_metadata=FULL`` the server
-    logs no names (``UNKNOWN_COL0``, ...): the legacy schema's column order names them."""
+    logs no names (``UNKNOWN_COL0``, ...): the legacy schema's column order names them.
+    Logged names are kept as they are, whatever the order (a column the legacy schema
+    does not have is only carried along)."""
     cols = LEGACY_COLUMNS.get(table)
     if cols is None:
         return values
-    if not all(k in cols for k in values):
+    if any(str(k).startswith(UNNAMED) for k in values):
         values = {cols[i]: v for i, v in enumerate(values.values()) if i < len(cols)}
     # ...nor signedness: every integer column of the legacy schema is BIGINT UNSIGNED
     return {k: v + UNSIGNED if isinstance(v, int) and v < 0 else v for k, v in values.items()}
