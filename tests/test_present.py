@@ -82,3 +82,15 @@ def test_a_selection_of_pairs_reads_only_those_pairs(router, monkeypatch):
                     for u, p in ((u1, 2), (u2, 4))}
     # (u1, 4) would pass the server's filter had it existed; pins 1 and 3 never do
     assert sorted(int(b) & ids.MAX_LOCAL for _, b in sent) == [2, 4]
+
+
+def test_union_statements_stay_within_their_parts_and_parameters():
+    """Parts of different sizes (a pair filter's parameters vary) are cut by both limits."""
+    from loaders.migration.present import MAX_PARAMS, UNION_PARTS, _groups
+    sizes = [1] * (UNION_PARTS + 5) + [MAX_PARAMS // 2 + 1] * 3 + [MAX_PARAMS + 7, 2]
+    groups = _groups([(f"p{i}", [0] * n) for i, n in enumerate(sizes)])
+    assert [s for g in groups for s, _ in g] == [f"p{i}" for i in range(len(sizes))]
+    for g in groups:
+        params = sum(len(p) for _, p in g)
+        assert len(g) <= UNION_PARTS and (params <= MAX_PARAMS or len(g) == 1)
+    assert [len(g) for g in groups] == [UNION_PARTS, 6, 1, 1, 1, 1]

@@ -103,12 +103,23 @@ def union_read(router: Router, numbers: list[int], host_of: Callable,
         by_server[h.server].append(n)
     out: list[tuple] = []
     for server, ns in by_server.items():
-        sqls = [part(n) for n in ns]
-        width = max(1, min(UNION_PARTS, MAX_PARAMS // max(1, len(sqls[0][1]))))
-        for i in range(0, len(sqls), width):
-            group = sqls[i:i + width]
+        for group in _groups([part(n) for n in ns]):
             out += router.query(hosts[server], " UNION ALL ".join(s for s, _ in group),
                                 [p for _, ps in group for p in ps])
+    return out
+
+
+def _groups(sqls: list[tuple[str, list]]) -> list[list[tuple[str, list]]]:
+    """``sqls`` in order, cut into statements of at most ``UNION_PARTS`` parts and
+    ``MAX_PARAMS`` parameters (a part with more goes alone): parts may differ in size."""
+    out: list[list[tuple[str, list]]] = []
+    size = 0
+    for sql in sqls:
+        if not out or len(out[-1]) == UNION_PARTS or size + len(sql[1]) > MAX_PARAMS:
+            out.append([])
+            size = 0
+        out[-1].append(sql)
+        size += len(sql[1])
     return out
 
 
