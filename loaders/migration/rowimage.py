@@ -33,10 +33,9 @@ def _plan(ev, wanted: Sequence[str]) -> list[tuple[int, int, str | None]] | None
     names = LEGACY_COLUMNS.get(ev.table)
     if names is None or len(ev.columns) != len(names):
         return None
-    logged = ev.table_map[ev.table_id].columns
     plan: list[tuple[int, int, str | None]] = []
-    for i, (col, name) in enumerate(zip(ev.columns, names, strict=True)):
-        if logged[i].name and logged[i].name != name:
+    for col, name in zip(ev.columns, names, strict=True):  # the table map's columns
+        if col.name and col.name != name:
             return None  # names logged (binlog_row_metadata=FULL) in another order
         keep = name if name in wanted else None
         if getattr(col, "character_set_name", None) not in UTF8:
