@@ -2,8 +2,9 @@
 ``pymysqlreplication`` decodes of the same events, on a private ROW-binlog mariadbd: every
 legacy column type, NULLs, long and multi-byte text, zero and real dates, the largest
 unsigned IDs, multi-row events; and the events read the library's way (a partial row
-image, a table laid out otherwise) still come out right. A binary log sync cannot follow
-whole (compressed, MINIMAL images) is refused."""
+image holding every followed column, a table laid out otherwise) still come out right.
+A binary log sync cannot follow whole (compressed, MINIMAL images) is refused, by the
+server's setting and by an image a session wrote partial."""
 
 from __future__ import annotations
 
@@ -64,9 +65,9 @@ def _write(server: PrivateMariaDB) -> None:
                     (2**64 - 1, 2**64 - 2))
         cur.execute("DELETE FROM likes WHERE user_id = 1")
         cur.execute("INSERT INTO other VALUES (1, 'not followed')")
-        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")  # partial images: library
-        cur.execute("UPDATE users SET full_name = 'minimal' WHERE id = 20")
-        cur.execute("DELETE FROM users WHERE id = 21")
+        cur.execute("SET SESSION binlog_row_image = 'NOBLOB'")  # partial images (no text
+        cur.execute("UPDATE pins SET board_id = 4 WHERE id = 7")  # column), read the
+        cur.execute("DELETE FROM pins WHERE id = 8")               # library's way
     conn.close()
 
 
@@ -132,12 +133,28 @@ def test_reduced_images_match_the_librarys_decoding(server, monkeypatch):
     got, fast = _by_stream(server, monkeypatch)
     assert got == expected
     assert len(expected) == 41 + 2 + 9 + 1 + 2 + 1 + 1 + 1
-    # every event of full images was read here; the two of MINIMAL ones the library's way
+    # every event of full images was read here; the two of NOBLOB ones the library's way
     assert fast.count(False) == 2 and fast[-2:] == [False, False] and len(fast) >= 8
     names = {r[2]["username"] for r in got if r[0] == "users" and r[2]}
     assert "名前" * 20 in names and None in names
     dates = [r[2]["created_at"] for r in got if r[0] == "users" and r[2] and r[1] is None]
     assert dates[-2] is None and str(dates[-1]) == "9999-12-31 23:59:59"  # zero date: None
+
+
+def test_an_image_a_session_wrote_minimal_stops_the_stream_in_one_line(server, monkeypatch):
+    """A session's MINIMAL update logs the key alone before and the changed column alone
+    after: the library gives the other columns as ``None``. The stream stops there."""
+    conn = server.connect(database="legacy")
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO users VALUES (90, 'before', NULL, NULL, NOW())")
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute("UPDATE users SET username = 'after' WHERE id = 90")
+    conn.close()
+    with pytest.raises(binlog.PartialImageError) as info:
+        _by_stream(server, monkeypatch)
+    text = str(info.value)
+    assert "users without id, username, created_at" in text and "binlog_row_image=MINIMAL" in text
+    assert "FULL or NOBLOB" in text and "\n" not in text
 
 
 @pytest.mark.parametrize(("variable", "value", "says"), [

@@ -4,7 +4,7 @@ runs while ``farm migrate`` and ``farm sync`` run; a worker is SIGKILLed inside 
 the migration, and sync between an apply and its checkpoint and inside an apply (moved
 pins' new slots written, their old ones not yet retired); after ``farm cutover
 --freeze`` the target matches the independent checker exactly. Plus the one-line
-refusals (no binlog, a purged position)."""
+refusals (no binlog, a purged position, a partial row image)."""
 
 import json
 import threading
@@ -259,6 +259,31 @@ def test_sync_refuses_a_purged_position(live, ledger, legacy_server):
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "purged" in lines[0] and "full re-run" in lines[0], out.stderr
+
+
+@pytest.mark.slow
+def test_sync_stops_at_a_partial_row_image_in_one_line(live, ledger, legacy_server):
+    """A client that logs MINIMAL images for its own session (the server's setting is FULL)
+    stops sync with exit 1 and one line naming the table; after the advised re-run of the
+    migration, sync follows again."""
+    ledger.pool.execute("DELETE FROM sync_state")
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    conn = legacy_server.connect(database="legacy")
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute("UPDATE pins SET board_id = board_id + 1 ORDER BY id LIMIT 1")
+    conn.commit()
+    conn.close()
+    out = run_farm(live, "sync", "--until-caught-up", timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "partial row image of pins" in lines[0], out.stderr
+    assert "binlog_row_image=MINIMAL" in lines[0] and "farm migrate" in lines[0]
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    out = run_farm(live, "sync", "--until-caught-up", timeout=120)
+    assert out.returncode == 0, out.stderr
 
 
 def _running(pid: int) -> bool:

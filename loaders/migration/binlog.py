@@ -36,6 +36,11 @@ class PurgedPositionError(FatalError):
     needed (retrying cannot help)."""
 
 
+class PartialImageError(FatalError):
+    """A row image lacks a column sync decides by (written by a session with
+    ``binlog_row_image=MINIMAL``): what it changed cannot be known from the log."""
+
+
 Columns = Mapping[str, Sequence[str]]  # the tables to follow, and the columns kept of each
 
 
@@ -154,18 +159,27 @@ def _events(reader: BinLogStreamReader, pos: dict, columns: Columns
         elif isinstance(ev, HeartbeatLogEvent):
             yield Mark(render(pos), 0, idle=True)
         elif ev.table in columns:
-            yield from _rows(ev, columns[ev.table])
+            yield from _rows(ev, columns[ev.table], pos)
 
 
-def _rows(ev, wanted: Sequence[str]) -> Iterator[Change]:
+def _rows(ev, wanted: Sequence[str], pos: dict) -> Iterator[Change]:
     """The event's row changes, read straight from its bytes where ``rowimage`` can, else
-    decoded by the library and reduced."""
+    decoded by the library and reduced; ``PartialImageError`` if an image lacks one of the
+    ``wanted`` columns (``pos``: the last transaction before the event)."""
     t = ev.table
     fast = rowimage.reduced_rows(ev, wanted)
     if fast is not None:
         for before, after in fast:
             yield Change(t, before, after)
         return
+    lacking = rowimage.missing(ev, wanted)
+    if lacking:
+        raise PartialImageError(
+            f"the legacy binlog holds a partial row image of {t} without "
+            f"{', '.join(lacking)} (after position {render(pos) or '(start)'}): a client "
+            "wrote with SET SESSION binlog_row_image=MINIMAL, and sync cannot tell what it "
+            "changed; make every client log FULL or NOBLOB images, then run 'farm migrate "
+            "--wait' and 'farm sync' again")
     for row in ev.rows:
         if isinstance(ev, WriteRowsEvent):
             yield Change(t, None, _kept(t, row["values"], wanted))

@@ -20,7 +20,13 @@ from typing import Protocol
 
 import orjson
 
-from loaders.migration.binlog import Change, Mark, PurgedPositionError, stream
+from loaders.migration.binlog import (
+    Change,
+    Mark,
+    PartialImageError,
+    PurgedPositionError,
+    stream,
+)
 from loaders.migration.spec import SPEC
 from shardfarm.errors import FarmError, TransientDatabaseError
 from shardfarm.mysql.dsn import DSN
@@ -104,8 +110,11 @@ class Feed:
         self._proc.join(5)
 
 
+FATAL = {"purged": PurgedPositionError, "partial": PartialImageError}
+
+
 def _error(kind: str, message: str) -> FarmError:
-    return (PurgedPositionError if kind == "purged" else TransientDatabaseError)(message)
+    return FATAL.get(kind, TransientDatabaseError)(message)
 
 
 def _read(dsn: DSN, start: str, send) -> None:
@@ -125,8 +134,8 @@ def _read(dsn: DSN, start: str, send) -> None:
             out = []
         out.append([ERROR, "ended", f"the binlog stream of {dsn.host}:{dsn.port} ended: "
                                     "run farm sync again"])
-    except PurgedPositionError as exc:
-        out.append([ERROR, "purged", str(exc)])
+    except (PurgedPositionError, PartialImageError) as exc:
+        out.append([ERROR, next(k for k, c in FATAL.items() if isinstance(exc, c)), str(exc)])
     except (BrokenPipeError, EOFError):
         return  # the parent is gone
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it

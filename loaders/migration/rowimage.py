@@ -54,7 +54,33 @@ def _plan(ev, wanted: Sequence[str]) -> list[tuple[int, int, str | None]] | None
 
 
 def _all_present(bitmap: bytes, n: int) -> bool:
-    return all(bitmap[i >> 3] >> (i & 7) & 1 for i in range(n))
+    return all(_present(bitmap, i) for i in range(n))
+
+
+def _present(bitmap: bytes, i: int) -> bool:
+    return bool(bitmap[i >> 3] >> (i & 7) & 1)
+
+
+def _bitmaps(ev) -> list[bytes]:
+    """The columns-present bitmap of each image the event's rows carry."""
+    if type(ev).__name__ == "UpdateRowsEvent":
+        return [ev.columns_present_bitmap, ev.columns_present_bitmap2]
+    return [ev.columns_present_bitmap]
+
+
+def missing(ev, wanted: Sequence[str]) -> list[str]:
+    """The ``wanted`` columns that one of the rows event's images does not carry (a partial
+    image, written by a session with ``binlog_row_image=MINIMAL``): the library would give
+    them as ``None``, which is not their value. Columns are named as logged, else by the
+    legacy schema's order."""
+    order = LEGACY_COLUMNS.get(ev.table, ())
+    bitmaps = _bitmaps(ev)
+    out: list[str] = []
+    for i, col in enumerate(ev.columns):
+        name = col.name or (order[i] if i < len(order) else None)
+        if name in wanted and not all(_present(b, i) for b in bitmaps):
+            out.append(name)
+    return out
 
 
 def reduced_rows(ev, wanted: Sequence[str]) -> list[tuple[dict | None, dict | None]] | None:
@@ -66,11 +92,8 @@ def reduced_rows(ev, wanted: Sequence[str]) -> list[tuple[dict | None, dict | No
     kind = type(ev).__name__
     if kind not in ("WriteRowsEvent", "DeleteRowsEvent", "UpdateRowsEvent"):
         return None
-    bitmaps = [ev.columns_present_bitmap]
-    if kind == "UpdateRowsEvent":
-        bitmaps.append(ev.columns_present_bitmap2)
     plan = _plan(ev, wanted)
-    if plan is None or not all(_all_present(b, len(plan)) for b in bitmaps):
+    if plan is None or not all(_all_present(b, len(plan)) for b in _bitmaps(ev)):
         return None
     data = ev.packet.read(ev.event_size - ev.packet.read_bytes)
     images: list[dict] = []
