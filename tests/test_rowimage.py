@@ -157,6 +157,39 @@ def test_an_image_a_session_wrote_minimal_stops_the_stream_in_one_line(server, m
     assert "FULL or NOBLOB" in text and "\n" not in text
 
 
+@pytest.mark.parametrize("metadata", ["NO_LOG", "FULL"])
+def test_latin1_text_comes_out_as_written_whether_its_charset_is_logged_or_not(server,
+                                                                                metadata):
+    """A latin1 legacy table: with no character set logged (MariaDB's default) the bytes
+    are not UTF-8 and are read as Latin-1; with it logged the library decodes them."""
+    was = server.sql("SELECT @@binlog_row_metadata")[0][0]
+    db = f"latin_{metadata.lower()}"
+    server.sql(f"CREATE DATABASE {db}")
+    server.sql(LEGACY_DDL["users"].replace("CREATE TABLE IF NOT EXISTS ", f"CREATE TABLE {db}.")
+               + " DEFAULT CHARSET=latin1")
+    start = server.sql("SELECT @@gtid_binlog_pos")[0][0]
+    server.sql(f"SET GLOBAL binlog_row_metadata = {metadata}")
+    try:
+        conn = server.connect(database=db)
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO users VALUES (1, 'José', NULL, NULL, NULL)")
+            cur.execute("UPDATE users SET username = 'Josè' WHERE id = 1")
+        conn.commit()
+        conn.close()
+        dsn = DSN.parse(f"mysql://root@127.0.0.1:{server.port}/{db}")
+        got = []
+        for item in binlog.stream(dsn, start, {"users": ("id", "username")}, heartbeat=0.5):
+            if isinstance(item, binlog.Mark):
+                if item.idle:
+                    break
+                continue
+            got.append((item.before, item.after))
+    finally:
+        server.sql(f"SET GLOBAL binlog_row_metadata = {was}")
+    assert got == [(None, {"id": 1, "username": "José"}),
+                   ({"id": 1, "username": "José"}, {"id": 1, "username": "Josè"})]
+
+
 @pytest.mark.parametrize(("variable", "value", "says"), [
     ("log_bin_compress", "ON", "log_bin_compress=ON"),
     ("binlog_row_image", "MINIMAL", "binlog_row_image=MINIMAL")])

@@ -127,6 +127,9 @@ def stream(dsn: DSN, start: str, columns: Columns, heartbeat: float = 1.0
         connection_settings=conn, server_id=random.randint(10**6, 2**31), blocking=True,
         is_mariadb=True, auto_position=start, resume_stream=True, slave_heartbeat=heartbeat,
         only_schemas=[dsn.database], enable_logging=False,
+        # text it decodes as UTF-8 when no character set is logged: a latin1 column's
+        # bytes would stop the stream (``rowimage.text`` reads them as Latin-1 instead)
+        ignore_decode_errors=True,
         only_events=[MariadbGtidEvent, XidEvent, HeartbeatLogEvent, WriteRowsEvent,
                      UpdateRowsEvent, DeleteRowsEvent])
     pos = parse(start)

@@ -129,11 +129,22 @@ def _image(data: bytes, pos: int, plan: list[tuple[int, int, str | None]], null_
         length = int.from_bytes(data[pos:pos + size], "little")
         pos += size
         if how == TEXT:
-            out[name] = data[pos:pos + length].decode("utf-8")
+            out[name] = text(data[pos:pos + length])
         pos += length
     if pos > len(data):
         raise ValueError("a binlog row image ends past its event")
     return out, pos
+
+
+def text(raw: bytes) -> str:
+    """Followed text as UTF-8, or, when its bytes are not UTF-8, as Latin-1: a server that
+    logs no character sets (``binlog_row_metadata=NO_LOG``, MariaDB's default) leaves a
+    latin1 column's bytes unnamed, and its values must still come out (and compare) as
+    they are; a Latin-1 reading of other bytes keeps different values different."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw.decode("latin-1")
 
 
 def _datetime2(v: int) -> datetime.datetime | None:
