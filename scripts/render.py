@@ -55,7 +55,8 @@ def sync_line(doc: dict) -> str:
            if "lag_events" in doc else "lag unknown (legacy server not reached)")
     leader = f"{doc['leader']} on {doc['host']}" if doc["leader"] else "no leader"
     applied = ", ".join(f"{t} {n}" for t, n in doc["applied"].items()) or "nothing yet"
-    return f"sync: {leader}, at {doc['position']}, {lag}, applied: {applied}"
+    waiting = f", waiting for {doc['waiting_for']}" if doc.get("waiting_for") else ""
+    return f"sync: {leader}, at {doc['position']}, {lag}, applied: {applied}{waiting}"
 
 
 def _rows(done: int, expected: int | None) -> str:

@@ -124,6 +124,23 @@ def _sync(router, env: dict) -> None:
         ledger.close()
 
 
+def _migrate_chunk(router, env: dict, run_id: str, chunk_id: int) -> None:
+    """Claim chunk ``chunk_id`` of migrate run ``run_id`` and load it, as a worker does."""
+    from farmcore.context import ChunkContext
+    from farmcore.ledger import Ledger
+    from loaders.migration import migrate
+    from shardfarm.settings import Settings
+    settings = Settings.from_env(env)
+    ledger = Ledger(settings.control_dsn)
+    try:
+        lease = ledger.claim(run_id, chunk_id, "fault-child")
+        ctx = ChunkContext(settings, router, ledger, lease, ledger.run(run_id)["params"])
+        ledger.finish(lease, migrate.load_chunk(ctx, **lease.args))
+        ledger.refresh_status(run_id)
+    finally:
+        ledger.close()
+
+
 def _move(router, env: dict, lo: int, hi: int, to: str) -> None:
     """``farm shards move LO-HI --to MASTER/SLAVE`` (its own runtime; workers do the copy)."""
     from jobs.runtime import Runtime
@@ -138,7 +155,8 @@ def _move(router, env: dict, lo: int, hi: int, to: str) -> None:
 
 
 SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse,
-                                  "sync": _sync, "export": _export, "move": _move}
+                                  "sync": _sync, "export": _export, "move": _move,
+                                  "migrate_chunk": _migrate_chunk}
 
 
 def main(argv: list[str]) -> int:

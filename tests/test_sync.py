@@ -4,14 +4,13 @@ runs while ``farm migrate`` and ``farm sync`` run; a worker is SIGKILLed inside 
 the migration, and sync between an apply and its checkpoint and inside an apply (moved
 pins' new slots written, their old ones not yet retired); after ``farm cutover
 --freeze`` the target matches the independent checker exactly. Plus the one-line
-refusals (no binlog, a purged position, a partial row image)."""
+refusals (no binlog, a purged position)."""
 
 import json
 import threading
 
 import pymysql
 import pytest
-import redis
 
 from loaders.migration import sync
 from loaders.migration.binlog import behind
@@ -22,13 +21,11 @@ from sharding.fencing import FenceToken
 from sharding.schema import shard_table
 from tests import faults
 from tests.conftest import SHARDS_A, run_farm
-from tests.contract_checker import check_migration
 from tests.dashkit import dashboard, get, labels, scrape
-from tests.farmkit import start_workers, stop
-from tests.migratekit import last_json, quarantine_rows, truncate_target
-from tests.servers import PrivateMariaDB
+from tests.farmkit import stop
+from tests.migratekit import last_json
+from tests.synckit import exact, legacy_server, live, load, start_sync  # noqa: F401 - fixtures
 
-USERS = 40
 ONCE = RetryPolicy(attempts=1)
 CHECKPOINT = "UPDATE sync_state SET run_id"
 VALID_BOARD = ("(SELECT b.id FROM boards b JOIN users u ON u.id = b.user_id WHERE b.id < 900000 "
@@ -43,37 +40,6 @@ MOVES = [  # objects placed anew, and where sync is killed applying them:
     ([MOVED_PINS.format(">="), "UPDATE boards SET user_id = (SELECT MIN(id) FROM users WHERE "
       "username IS NOT NULL AND created_at IS NOT NULL) WHERE id % 13 = 0"],
      "SELECT local_id, data FROM")]
-
-
-@pytest.fixture(scope="module")
-def legacy_server():
-    server = PrivateMariaDB.start_binlog(server_id=7)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def live(farm_env, settings, ledger, router, server_b, legacy_server):
-    """An environment whose legacy database is on the binlog server; a fresh sync state."""
-    env = {**farm_env, "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:{legacy_server.port}/legacy",
-           "FARM_LEASE_SECONDS": "10"}
-    ledger.pool.execute("DELETE FROM sync_state")
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    truncate_target(server_b.port)
-    out = run_farm(env, "legacy", "generate", "--users", str(USERS), "--seed", "31", "--replace")
-    assert out.returncode == 0, out.stderr
-    legacy_server.sql("CREATE USER IF NOT EXISTS app@'%%' IDENTIFIED BY 'app'")
-    legacy_server.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON legacy.* TO app@'%%'")
-    procs = start_workers(env, 2)
-    yield env
-    stop(procs)
-
-
-def _app(server) -> pymysql.Connection:
-    """The application's (non-admin) connection to the legacy database."""
-    return pymysql.connect(host="127.0.0.1", port=server.port, user="app", password="app",
-                           database="legacy", autocommit=True)
-
 
 LOAD = [  # the write load: every kind of change, each statement its own transaction
     "UPDATE users SET created_at = NULL WHERE id = (SELECT MAX(id) FROM (SELECT id FROM users "
@@ -98,26 +64,6 @@ LOAD = [  # the write load: every kind of change, each statement its own transac
     "UPDATE users SET username = 'fixed900002' WHERE id = 900002",
     "UPDATE boards SET created_at = NOW() WHERE id = 900002",
 ]
-
-
-def _load(server, statements: list[str]) -> None:
-    conn = _app(server)
-    try:
-        with conn.cursor() as cur:
-            for sql in statements:
-                cur.execute(sql)
-    finally:
-        conn.close()
-
-
-def _exact(server, settings, map_path, run_id: str) -> list[str]:
-    legacy = {"host": "127.0.0.1", "port": server.port, "user": "root", "password": "",
-              "database": "legacy"}
-    c = settings.control_dsn
-    control = {"host": c.host, "port": c.port, "user": c.user, "password": c.password,
-               "database": c.database}
-    return check_migration(legacy, json.loads(map_path.read_text()),
-                           quarantine_rows(control, run_id))
 
 
 def _kill_a_worker_inside_a_chunk(server, ledger, since) -> tuple[str, int]:
@@ -158,14 +104,14 @@ def _kill_a_worker_inside_a_chunk(server, ledger, since) -> tuple[str, int]:
 
 @pytest.mark.slow
 def test_sync_killed_mid_apply_or_before_its_checkpoint_then_cutover_is_exact(
-        live, settings, ledger, map_path, legacy_server, monkeypatch):
+        live, settings, ledger, map_path, legacy_server, monkeypatch):  # noqa: F811
     half = len(LOAD) // 2
     (since,), = ledger.pool.query("SELECT NOW(3)")
     done: dict = {}
     migrating = threading.Thread(target=lambda: done.update(out=run_farm(
         live, "migrate", "--chunk-size", "200", "--wait", timeout=600)))
     migrating.start()
-    writer = threading.Thread(target=_load, args=(legacy_server, LOAD[:half]))
+    writer = threading.Thread(target=load, args=(legacy_server, LOAD[:half]))
     writer.start()  # changes made while the migration runs
     killed = _kill_a_worker_inside_a_chunk(legacy_server, ledger, since)
     migrating.join()
@@ -175,25 +121,25 @@ def test_sync_killed_mid_apply_or_before_its_checkpoint_then_cutover_is_exact(
     assert ledger.chunk(killed[0], killed[1])["attempts"] >= 2  # run again after the kill
     run_id = last_json(out.stdout)["run_id"]
     assert ledger.run(run_id)["params"]["binlog_pos"] is not None
-    _load(legacy_server, LOAD[half:])
+    load(legacy_server, LOAD[half:])
     args = {"shardmap": str(map_path), "env": live}
     monkeypatch.setenv("FARM_FAULT_MATCH", CHECKPOINT)
     assert faults.run_killed("sync", args, 1) == -9  # applied, then killed: no checkpoint
     assert not ledger.sync_state.read().get("gtid")
-    _load(legacy_server, ["DELETE FROM users WHERE id = 900001",  # cascades again
+    load(legacy_server, ["DELETE FROM users WHERE id = 900001",  # cascades again
                           "UPDATE users SET created_at = NOW() WHERE created_at IS NULL"])
     assert faults.run_killed("sync", args, 1) == -9  # killed again after applying more
     assert not ledger.sync_state.read().get("gtid")
     for moves, step in MOVES:
         monkeypatch.setenv("FARM_FAULT_MATCH", step)
-        _load(legacy_server, moves)
+        load(legacy_server, moves)
         assert faults.run_killed("sync", args, 1) == -9
         (now,), = legacy_server.sql("SELECT @@gtid_binlog_pos")
         assert behind(ledger.sync_state.read().get("gtid") or "", now) >= len(moves)
     monkeypatch.delenv("FARM_FAULT_MATCH")
     done = run_farm(live, "sync", "--until-caught-up", timeout=300)
     assert done.returncode == 0, done.stderr
-    problems = _exact(legacy_server, settings, map_path, run_id)
+    problems = exact(legacy_server, settings, map_path, run_id)
     assert problems == [], "\n".join(problems)
     status = run_farm(live, "sync", "status")
     doc = last_json(status.stdout)
@@ -221,17 +167,8 @@ def test_sync_killed_mid_apply_or_before_its_checkpoint_then_cutover_is_exact(
     assert "cutover: target exact at legacy binlog position" in cut.stdout
     assert "0 mismatch(es)" in cut.stdout
     with pytest.raises(pymysql.err.OperationalError):  # frozen for the application
-        _load(legacy_server, ["DELETE FROM likes LIMIT 1"])
+        load(legacy_server, ["DELETE FROM likes LIMIT 1"])
     legacy_server.sql("SET GLOBAL read_only = 0")
-
-
-def start_sync(env):
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT
-    return subprocess.Popen([sys.executable, "-m", "scripts", "sync"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def test_sync_refuses_a_server_without_binlog(farm_env, ledger, server_b):
@@ -243,11 +180,11 @@ def test_sync_refuses_a_server_without_binlog(farm_env, ledger, server_b):
 
 
 @pytest.mark.slow
-def test_sync_refuses_a_purged_position(live, ledger, legacy_server):
+def test_sync_refuses_a_purged_position(live, ledger, legacy_server):  # noqa: F811
     ledger.pool.execute("DELETE FROM sync_state")
     out = run_farm(live, "migrate", "--wait", timeout=600)
     assert out.returncode == 0, out.stderr
-    _load(legacy_server, ["DELETE FROM likes LIMIT 1"])
+    load(legacy_server, ["DELETE FROM likes LIMIT 1"])
     legacy_server.sql("FLUSH BINARY LOGS")
     last = legacy_server.sql("SHOW BINARY LOGS")[-1][0]
 
@@ -261,31 +198,6 @@ def test_sync_refuses_a_purged_position(live, ledger, legacy_server):
     assert len(lines) == 1 and "purged" in lines[0] and "full re-run" in lines[0], out.stderr
 
 
-@pytest.mark.slow
-def test_sync_stops_at_a_partial_row_image_in_one_line(live, ledger, legacy_server):
-    """A client that logs MINIMAL images for its own session (the server's setting is FULL)
-    stops sync with exit 1 and one line naming the table; after the advised re-run of the
-    migration, sync follows again."""
-    ledger.pool.execute("DELETE FROM sync_state")
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
-    conn = legacy_server.connect(database="legacy")
-    with conn.cursor() as cur:
-        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
-        cur.execute("UPDATE pins SET board_id = board_id + 1 ORDER BY id LIMIT 1")
-    conn.commit()
-    conn.close()
-    out = run_farm(live, "sync", "--until-caught-up", timeout=120)
-    assert out.returncode == 1
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and "partial row image of pins" in lines[0], out.stderr
-    assert "binlog_row_image=MINIMAL" in lines[0] and "farm migrate" in lines[0]
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
-    out = run_farm(live, "sync", "--until-caught-up", timeout=120)
-    assert out.returncode == 0, out.stderr
-
-
 def _running(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie nobody reaped has ended)."""
     try:
@@ -295,7 +207,7 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_the_binlog_reader_process_ends_with_its_follower(legacy_server):
+def test_the_binlog_reader_process_ends_with_its_follower(legacy_server):  # noqa: F811
     """SIGKILL the process following the binlog: its reader process ends by itself."""
     import os
     import signal

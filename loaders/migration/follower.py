@@ -2,9 +2,13 @@
 
 Any number of processes may run; the one holding the lease in the control database
 (``farmcore.syncstate``) leads, the others wait to take over when it expires. The
-leader follows the latest ``farm migrate`` run once it has ended, from the position
-that run recorded when it was planned (or the checkpoint of an earlier leader of the
-same run), gathers row changes of whole transactions, applies them
+leader follows the latest ``farm migrate`` run once it has ended without a failed
+chunk, from the position that run recorded when it was planned (or the checkpoint of an
+earlier leader of the same run). A migration started (or a run re-opened) while it
+follows makes it stop before its next apply and wait: its chunks write rows read at
+some moment, and a change sync applied after that moment would be overwritten; when
+that run has ended, the leader follows it from its own position, so every such change
+is applied again after the chunks wrote. It gathers row changes of whole transactions, applies them
 (``loaders.migration.sync``, fenced with the lease's token) and only then moves the
 checkpoint to the end of the last transaction applied: killed at any point, the next
 leader starts from a position whose every earlier change is applied, and applies
@@ -84,7 +88,21 @@ class Follower:
         if run["params"].get("binlog_pos") is None:
             raise ConfigError(f"migrate run {run_id} recorded no binlog position (the legacy "
                               "server had no binary log then): run 'farm migrate' again")
+        if run["status"] == "failed":
+            raise ConfigError(
+                f"migrate run {run_id} ended with failed chunks ('farm failed {run_id}' says "
+                f"why): retry them ('farm retry-failed {run_id}') or run 'farm migrate' again, "
+                "then 'farm sync'")
         return None if run["status"] == "running" else run
+
+    def _still_latest(self, run: dict) -> bool:
+        """Whether ``run`` is still the migrate run to follow: the latest, and ended."""
+        latest = self.ledger.latest_run("migrate")
+        if latest == run["run_id"] and self.ledger.run(latest)["status"] == "done":
+            return True
+        log.info("migrate run %s started or re-opened: sync waits for it to end, then "
+                 "follows it from its position", latest)
+        return False
 
     def _start(self, run: dict) -> str:
         state = self.ledger.sync_state.read()
@@ -96,13 +114,16 @@ class Follower:
                 ) -> bool:
         """Stream and apply until stopped, caught up (if asked) or the lease is lost: each
         batch is every whole transaction read ahead while the last one applied (at most
-        ``BATCH_ROWS`` keys), so a busy server gets larger batches, never a wait."""
+        ``BATCH_ROWS`` keys), so a busy server gets larger batches, never a wait. False
+        when ``run`` is no longer the one to follow (checked before every apply)."""
         token = FenceToken("sync", 0, fence)
         feed = Feed(self.settings.legacy_dsn, self._start(run))
         try:
             while not self.stop.is_set():
                 changes = sync.Changes()
                 mark = feed.take(changes, BATCH_ROWS)
+                if not self._still_latest(run):
+                    return False
                 self._flush(readers, fence, token, run, changes, mark)
                 if mark.idle and self.until_caught_up and self._caught_up(reader):
                     return True
@@ -163,8 +184,9 @@ class Follower:
 
 def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
     """Where sync stands: leader, checkpoint, lag (transactions and seconds, against the
-    legacy server's position now when ``reader`` reaches it), keys applied per table and
-    the followed run's quarantine by reason."""
+    legacy server's position now when ``reader`` reaches it), keys applied per table,
+    the followed run's quarantine by reason, and ``waiting_for`` the latest migrate run
+    when sync does not follow it yet (it is running, failed, or not picked up yet)."""
     state = ledger.sync_state.read()
     if not state:
         return {"state": "never run"}
@@ -178,6 +200,10 @@ def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
         out.update({"server_position": server, "lag_events": lag,
                     "lag_seconds": 0 if lag == 0 or not state["event_time"]
                     else max(0, int(time.time()) - int(state["event_time"]))})
+    latest = ledger.latest_run("migrate")
+    latest_status = ledger.run(latest)["status"] if latest else None
+    if latest and (latest != state["run_id"] or latest_status != "done"):
+        out["waiting_for"] = f"migrate run {latest} ({latest_status})"
     quarantined: dict[str, dict[str, int]] = {}
     for table, reason, n in ledger.quarantine.reasons(state["run_id"]) if state["run_id"] else []:
         quarantined.setdefault(table, {})[reason] = n

@@ -1,0 +1,119 @@
+"""``farm sync`` and the migrate runs it follows, on a private mariadbd writing a ROW binlog:
+a migration started while sync follows makes it wait and then follow that run from its
+own position (a chunk frozen between its legacy read and its target writes, while the
+application changes a row of that chunk, leaves the target exact); a failed run is not
+followed; a partial row image a client logged for its own session stops sync in one
+line, and the advised re-run brings it back."""
+
+from __future__ import annotations
+
+import pytest
+
+from farmcore.ledger import ChunkSpec
+from jobs.runs import DEFAULT_QUEUE
+from loaders.migration import migrate as migration
+from shardfarm.settings import Settings
+from tests import faults
+from tests.conftest import run_farm
+from tests.farmkit import stop
+from tests.migratekit import last_json
+from tests.synckit import exact, legacy_server, live, load, start_sync  # noqa: F401 - fixtures
+
+WAITS = "started or re-opened: sync waits for it to end"
+
+
+def _position(server) -> str:
+    return server.sql("SELECT @@gtid_binlog_pos")[0][0]
+
+
+def _caught_up(ledger, server) -> bool:
+    return ledger.sync_state.read().get("gtid") == _position(server)
+
+
+def _users_only_run(settings, router, ledger) -> str:
+    """A migrate run of one chunk, the whole ``users`` table, planned as ``farm migrate``
+    plans (its binlog position taken first) but enqueued nowhere: the test runs it."""
+    params, chunks = migration.plan(settings, router, ledger, chunk_rows=10**9)
+    users: ChunkSpec = next(c for c in chunks if c.kind == "users")
+    run_id = ledger.create_run("migrate", DEFAULT_QUEUE,
+                               {**params, "handler": migration.HANDLER}, [users])
+    return run_id
+
+
+@pytest.mark.slow
+def test_a_migration_started_while_sync_follows_loses_no_change(
+        live, settings, router, ledger, map_path, legacy_server, tmp_path,  # noqa: F811
+        monkeypatch):
+    ledger.pool.execute("DELETE FROM sync_state")
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    first = last_json(out.stdout)["run_id"]
+    log = tmp_path / "sync.log"
+    sync = start_sync(live, log)
+    try:
+        faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")
+        (user,), = legacy_server.sql("SELECT MIN(id) FROM legacy.users WHERE username IS NOT "
+                                     "NULL AND created_at IS NOT NULL")
+        second = _users_only_run(Settings.from_env(live), router, ledger)
+        # the chunk has read the legacy users, and reads the target next
+        monkeypatch.setenv("FARM_FAULT_MATCH", "legacy_id_map")
+        args = {"shardmap": str(map_path), "env": live, "run_id": second, "chunk_id": 0}
+        with faults.frozen("migrate_chunk", args, 1):
+            load(legacy_server, [f"UPDATE users SET full_name = 'changed after the read' "
+                                 f"WHERE id = {user}"])
+            # sync either stops for the new run, or applies the change the chunk missed
+            faults.wait_until(lambda: WAITS in log.read_text()
+                              or _caught_up(ledger, legacy_server), "sync to see the change")
+            doc = last_json(run_farm(live, "sync", "status").stdout)
+            assert doc.get("waiting_for") == f"migrate run {second} (running)", doc
+            assert f"waiting for migrate run {second} (running)" in run_farm(live, "status").stdout
+        assert ledger.run(second)["status"] == "done"
+        faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up again")
+        assert ledger.sync_state.read()["run_id"] == second  # followed from its position
+        # the whole target, against the first run's quarantine (the second had users only)
+        problems = exact(legacy_server, settings, map_path, first)
+        assert problems == [], "\n".join(problems)
+    finally:
+        stop(sync)
+    assert WAITS in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_not_followed(live, ledger):  # noqa: F811
+    run_id = ledger.latest_run("migrate")
+    ledger.pool.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
+    try:
+        out = run_farm(live, "sync", "--until-caught-up", timeout=120)
+    finally:
+        ledger.pool.execute("UPDATE runs SET status = 'done' WHERE run_id = %s", (run_id,))
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"migrate run {run_id} ended with failed chunks" in lines[0]
+    assert f"farm retry-failed {run_id}" in lines[0], out.stderr
+
+
+@pytest.mark.slow
+def test_sync_stops_at_a_partial_row_image_in_one_line(live, ledger, legacy_server):  # noqa: F811
+    """A client that logs MINIMAL images for its own session (the server's setting is FULL)
+    stops sync with exit 1 and one line naming the table; after the advised re-run of the
+    migration, sync follows again."""
+    ledger.pool.execute("DELETE FROM sync_state")
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    conn = legacy_server.connect(database="legacy")
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
+        cur.execute("UPDATE pins SET board_id = board_id + 1 ORDER BY id LIMIT 1")
+    conn.commit()
+    conn.close()
+    out = run_farm(live, "sync", "--until-caught-up", timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "partial row image of pins" in lines[0], out.stderr
+    assert "binlog_row_image=MINIMAL" in lines[0] and "farm migrate" in lines[0]
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    run_id = last_json(out.stdout)["run_id"]
+    out = run_farm(live, "sync", "--until-caught-up", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert ledger.sync_state.read()["run_id"] == run_id
