@@ -15,6 +15,7 @@ from loaders.migration import migrate as migration
 from shardfarm.settings import Settings
 from tests import faults
 from tests.conftest import run_farm
+from tests.dashkit import dashboard, get
 from tests.farmkit import stop
 from tests.migratekit import last_json
 from tests.synckit import exact, legacy_server, live, load, start_sync  # noqa: F401 - fixtures
@@ -66,7 +67,11 @@ def test_a_migration_started_while_sync_follows_loses_no_change(
                               or _caught_up(ledger, legacy_server), "sync to see the change")
             doc = last_json(run_farm(live, "sync", "status").stdout)
             assert doc.get("waiting_for") == f"migrate run {second} (running)", doc
-            assert f"waiting for migrate run {second} (running)" in run_farm(live, "status").stdout
+            waiting = f"waiting for migrate run {second} (running)"
+            assert waiting in run_farm(live, "status").stdout
+            with dashboard(live) as (url, _):
+                code, page = get(url + "fragment")
+            assert code == 200 and f'id="sync-waiting">{waiting}' in page, page[-3000:]
         assert ledger.run(second)["status"] == "done"
         faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up again")
         assert ledger.sync_state.read()["run_id"] == second  # followed from its position
