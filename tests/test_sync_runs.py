@@ -2,8 +2,8 @@
 a migration started while sync follows makes it wait and then follow that run from its
 own position (a chunk frozen between its legacy read and its target writes, while the
 application changes a row of that chunk, leaves the target exact); a failed run is not
-followed; a partial row image a client logged for its own session stops sync in one
-line, and the advised re-run brings it back."""
+followed, and cut-over says what sync waits for; a partial row image a client logged
+for its own session stops sync in one line, and the advised re-run brings it back."""
 
 from __future__ import annotations
 
@@ -81,6 +81,32 @@ def test_a_migration_started_while_sync_follows_loses_no_change(
     finally:
         stop(sync)
     assert WAITS in log.read_text()
+
+
+@pytest.mark.slow
+def test_cutover_waits_for_sync_to_follow_the_latest_migration(
+        live, router, ledger, map_path, legacy_server):  # noqa: F811
+    """While a migration runs, cut-over says sync waits for it; once it has ended with no
+    change since, sync follows it (its checkpoint names the new run) and cut-over passes."""
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    sync = start_sync(live)
+    try:
+        faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")
+        third = _users_only_run(Settings.from_env(live), router, ledger)
+        out = run_farm(live, "cutover", "--timeout", "2", timeout=120)
+        assert out.returncode == 1
+        lines = out.stderr.strip().splitlines()
+        assert f"(it waits for migrate run {third} to end); nothing was cut over" in lines[-1]
+        faults.steps("migrate_chunk", {"shardmap": str(map_path), "env": live,
+                                       "run_id": third, "chunk_id": 0})  # runs it, no fault
+        assert ledger.run(third)["status"] == "done"
+        out = run_farm(live, "cutover", "--timeout", "60", timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 mismatch(es)" in out.stdout
+        assert ledger.sync_state.read()["run_id"] == third
+    finally:
+        stop(sync)
 
 
 @pytest.mark.slow

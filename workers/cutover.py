@@ -79,13 +79,26 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
     notice(f"waiting for sync to apply up to {final or '(empty)'}")
     deadline = time.monotonic() + timeout
     while True:
-        state = rt.ledger.sync_state.read()
-        if binlog.behind((state or {}).get("gtid") or "", final) == 0 and state.get("gtid"):
-            break
+        state = rt.ledger.sync_state.read() or {}
+        latest = rt.ledger.latest_run("migrate")
+        if state.get("run_id") == latest and state.get("gtid") \
+                and binlog.behind(state["gtid"], final) == 0:
+            break  # applied up to the end, following the latest migration (not an older one)
         if time.monotonic() > deadline:
             raise SyncBehindError(f"sync has not applied up to {final} after {timeout:.0f} s "
-                                  "(is 'farm sync' running?); nothing was cut over")
+                                  f"({_why_behind(rt, state, latest)}); nothing was cut over")
         time.sleep(POLL_SECONDS)
     vid, of_run = launch.verify(rt, None, notice)
     outcome = launch.verify_outcome(rt, vid, of_run, runs.wait(rt, vid))
     return Verdict(outcome.ok, final, int(outcome.summary["mismatches"]), vid, freeze)
+
+
+def _why_behind(rt: Runtime, state: dict, latest: str | None) -> str:
+    """What keeps sync behind, as far as the control database tells."""
+    if latest and state.get("run_id") != latest:
+        status = rt.ledger.run(latest)["status"]
+        if status == "running":
+            return f"it waits for migrate run {latest} to end"
+        if status == "failed":
+            return f"migrate run {latest} failed: retry it ('farm retry-failed {latest}')"
+    return "is 'farm sync' running?"

@@ -147,8 +147,9 @@ class Follower:
                      ", ".join(f"{t} {n}" for t, n in applied.items()),
                      time.monotonic() - began, mark.position)
         state = self.ledger.sync_state.read()
-        if not applied and state.get("gtid") == mark.position:
-            return
+        if not applied and state.get("gtid") == mark.position \
+                and state.get("run_id") == run["run_id"]:
+            return  # nothing new to record (a run followed anew is recorded at once)
         stamp = mark.timestamp or int(time.time())
         if not self.ledger.sync_state.checkpoint(fence, run["run_id"], mark.position, stamp,
                                                  applied):
