@@ -372,6 +372,14 @@ class Ledger:
                                "LIMIT 1", (kind,))
         return rows[0][0] if rows else None
 
+    def busy_runs(self, kind: str) -> list[str]:
+        """Runs of ``kind`` with a chunk pending or running, newest first (read from the
+        chunks, not from a run's recorded status)."""
+        return [r[0] for r in self.pool.query(
+            "SELECT run_id FROM runs r WHERE kind = %s AND EXISTS (SELECT 1 FROM chunks c "
+            "WHERE c.run_id = r.run_id AND c.state IN ('pending', 'running')) "
+            "ORDER BY created_at DESC", (kind,))]
+
     def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:
         """``run_id`` if given, else the newest run of ``kind``; ``ConfigError(missing)`` when
         there is none."""

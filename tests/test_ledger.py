@@ -98,3 +98,21 @@ def test_unknown_run(ledger):
     with pytest.raises(FatalError, match="no run"):
         ledger.run("nope")
     assert ledger.claim("nope", 0, "w") == ClaimRefused("missing")
+
+
+def test_busy_runs_are_read_from_their_chunks_not_their_recorded_status(ledger):
+    kind = f"busy-{time.monotonic_ns()}"
+    older = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
+    newer = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
+    ledger.pool.execute("UPDATE runs SET created_at = created_at - INTERVAL 1 SECOND "
+                        "WHERE run_id = %s", (older,))
+    assert ledger.busy_runs(kind) == [newer, older]  # newest first
+    lease = ledger.claim(older, 0, "w1")
+    assert ledger.busy_runs(kind) == [newer, older]  # running counts
+    ledger.finish(lease, Outcome())
+    ledger.pool.execute("UPDATE runs SET status = 'running' WHERE run_id = %s", (older,))
+    assert ledger.busy_runs(kind) == [newer]  # a stale status does not
+    ledger.finish(ledger.claim(newer, 0, "w1"), Outcome())
+    ledger.pool.execute("UPDATE runs SET status = 'done' WHERE run_id = %s", (newer,))
+    ledger.pool.execute("UPDATE chunks SET state = 'pending' WHERE run_id = %s", (newer,))
+    assert ledger.busy_runs(kind) == [newer]  # nor a stale 'done'

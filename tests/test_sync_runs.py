@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 
 from farmcore.ledger import ChunkSpec
-from jobs.runs import DEFAULT_QUEUE
 from loaders.migration import migrate as migration
 from shardfarm.settings import Settings
 from tests import faults
@@ -20,7 +19,7 @@ from tests.farmkit import stop
 from tests.migratekit import last_json
 from tests.synckit import exact, legacy_server, live, load, start_sync  # noqa: F401 - fixtures
 
-WAITS = "started or re-opened: sync waits for it to end"
+QUEUE = "sync-tests-nobody-listens"  # the test runs these runs' chunks itself
 
 
 def _position(server) -> str:
@@ -36,7 +35,7 @@ def _users_only_run(settings, router, ledger) -> str:
     plans (its binlog position taken first) but enqueued nowhere: the test runs it."""
     params, chunks = migration.plan(settings, router, ledger, chunk_rows=10**9)
     users: ChunkSpec = next(c for c in chunks if c.kind == "users")
-    run_id = ledger.create_run("migrate", DEFAULT_QUEUE,
+    run_id = ledger.create_run("migrate", QUEUE,
                                {**params, "handler": migration.HANDLER}, [users])
     return run_id
 
@@ -63,7 +62,7 @@ def test_a_migration_started_while_sync_follows_loses_no_change(
             load(legacy_server, [f"UPDATE users SET full_name = 'changed after the read' "
                                  f"WHERE id = {user}"])
             # sync either stops for the new run, or applies the change the chunk missed
-            faults.wait_until(lambda: WAITS in log.read_text()
+            faults.wait_until(lambda: f"migrate run {second}" in log.read_text()
                               or _caught_up(ledger, legacy_server), "sync to see the change")
             doc = last_json(run_farm(live, "sync", "status").stdout)
             assert doc.get("waiting_for") == f"migrate run {second} (running)", doc
@@ -80,7 +79,70 @@ def test_a_migration_started_while_sync_follows_loses_no_change(
         assert problems == [], "\n".join(problems)
     finally:
         stop(sync)
-    assert WAITS in log.read_text()
+    assert f"migrate run {second} is running or new: sync waits" in log.read_text()
+
+
+@pytest.mark.slow
+def test_a_migration_run_during_an_apply_has_that_apply_made_again(
+        live, settings, router, ledger, map_path, legacy_server, monkeypatch):  # noqa: F811
+    """Sync frozen inside an apply (it read a user's row, its first write not sent) while
+    the row changes again and a migration of it runs whole: the apply then writes the
+    older row over the migration's. Sync must see the run when the apply ends and apply
+    again from before that apply, not from the new run's position."""
+    ledger.pool.execute("DELETE FROM sync_state")
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    first = last_json(out.stdout)["run_id"]
+    assert run_farm(live, "sync", "--until-caught-up", timeout=120).returncode == 0
+    (user,), = legacy_server.sql("SELECT MIN(id) FROM legacy.users WHERE username IS NOT "
+                                 "NULL AND created_at IS NOT NULL")
+    change = "UPDATE users SET full_name = '{}' WHERE id = " + str(user)
+    load(legacy_server, [change.format("read by sync")])
+    monkeypatch.setenv("FARM_FAULT_MATCH", "chunk_fences` WHERE run_id")  # first shard write
+    with faults.frozen("sync", {"shardmap": str(map_path), "env": live}, 1):
+        load(legacy_server, [change.format("read by the migration")])
+        second = _users_only_run(Settings.from_env(live), router, ledger)
+        monkeypatch.delenv("FARM_FAULT_MATCH")
+        faults.steps("migrate_chunk", {"shardmap": str(map_path), "env": live,
+                                       "run_id": second, "chunk_id": 0})  # runs it whole
+        assert ledger.run(second)["status"] == "done"
+    assert _caught_up(ledger, legacy_server)
+    assert ledger.sync_state.read()["run_id"] == second
+    problems = exact(legacy_server, settings, map_path, first)
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.slow
+def test_an_older_run_retried_while_sync_follows_makes_it_wait(
+        live, settings, router, ledger, map_path, legacy_server, tmp_path):  # noqa: F811
+    """``farm retry-failed`` re-opens an older migrate run (not the latest, which sync
+    follows): its chunks write as a migration's do, so sync waits for it as well."""
+    older = _users_only_run(Settings.from_env(live), router, ledger)
+    args = {"shardmap": str(map_path), "env": live, "run_id": older, "chunk_id": 0}
+    faults.steps("migrate_chunk", args)
+    out = run_farm(live, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    latest = last_json(out.stdout)["run_id"]
+    log = tmp_path / "sync.log"
+    sync = start_sync(live, log)
+    try:
+        faults.wait_until(lambda: _caught_up(ledger, legacy_server)
+                          and ledger.sync_state.read()["run_id"] == latest, "sync to follow")
+        ledger.pool.execute("UPDATE chunks SET state = 'failed' WHERE run_id = %s", (older,))
+        assert run_farm(live, "retry-failed", "--run", older).returncode == 0
+        faults.wait_until(lambda: f"migrate run {older} is running or new: sync waits"
+                          in log.read_text(), "sync to wait for the re-opened run")
+        doc = last_json(run_farm(live, "sync", "status").stdout)
+        assert doc["waiting_for"] == f"migrate run {older} (running)", doc
+        load(legacy_server, ["UPDATE users SET full_name = 'while re-opened' ORDER BY id "
+                             "LIMIT 1"])
+        faults.steps("migrate_chunk", args)
+        faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")
+        assert ledger.sync_state.read()["run_id"] == latest
+        problems = exact(legacy_server, settings, map_path, latest)
+        assert problems == [], "\n".join(problems)
+    finally:
+        stop(sync)
 
 
 @pytest.mark.slow
@@ -120,7 +182,7 @@ def test_a_failed_run_is_not_followed(live, ledger):  # noqa: F811
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and f"migrate run {run_id} ended with failed chunks" in lines[0]
-    assert f"farm retry-failed {run_id}" in lines[0], out.stderr
+    assert f"farm retry-failed --run {run_id}" in lines[0], out.stderr
 
 
 @pytest.mark.slow

@@ -82,8 +82,9 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
         state = rt.ledger.sync_state.read() or {}
         latest = rt.ledger.latest_run("migrate")
         if state.get("run_id") == latest and state.get("gtid") \
-                and binlog.behind(state["gtid"], final) == 0:
-            break  # applied up to the end, following the latest migration (not an older one)
+                and binlog.behind(state["gtid"], final) == 0 \
+                and not rt.ledger.busy_runs("migrate"):
+            break  # applied up to the end, following the latest migration, which has ended
         if time.monotonic() > deadline:
             raise SyncBehindError(f"sync has not applied up to {final} after {timeout:.0f} s "
                                   f"({_why_behind(rt, state, latest)}); nothing was cut over")
@@ -95,10 +96,9 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
 
 def _why_behind(rt: Runtime, state: dict, latest: str | None) -> str:
     """What keeps sync behind, as far as the control database tells."""
-    if latest and state.get("run_id") != latest:
-        status = rt.ledger.run(latest)["status"]
-        if status == "running":
-            return f"it waits for migrate run {latest} to end"
-        if status == "failed":
-            return f"migrate run {latest} failed: retry it ('farm retry-failed {latest}')"
+    busy = rt.ledger.busy_runs("migrate")
+    if busy:
+        return f"it waits for migrate run {busy[0]} to end"
+    if latest and state.get("run_id") != latest and rt.ledger.run(latest)["status"] == "failed":
+        return f"migrate run {latest} failed: retry it ('farm retry-failed --run {latest}')"
     return "is 'farm sync' running?"

@@ -4,11 +4,13 @@ Any number of processes may run; the one holding the lease in the control databa
 (``farmcore.syncstate``) leads, the others wait to take over when it expires. The
 leader follows the latest ``farm migrate`` run once it has ended without a failed
 chunk, from the position that run recorded when it was planned (or the checkpoint of an
-earlier leader of the same run). A migration started (or a run re-opened) while it
-follows makes it stop before its next apply and wait: its chunks write rows read at
-some moment, and a change sync applied after that moment would be overwritten; when
-that run has ended, the leader follows it from its own position, so every such change
-is applied again after the chunks wrote. It gathers row changes of whole transactions, applies them
+earlier leader of the same run). A migration started, or any migrate run re-opened,
+while it follows makes it stop before its next apply and wait: a chunk and an apply
+that overlap may each write an older copy of a row over the other's newer one. When
+that run has ended, the leader follows the latest run from its own position (every
+change after it is applied again, after the chunks wrote); if the run began during an
+apply, that apply is not checkpointed and the next run is recorded from before it. It
+gathers row changes of whole transactions, applies them
 (``loaders.migration.sync``, fenced with the lease's token) and only then moves the
 checkpoint to the end of the last transaction applied: killed at any point, the next
 leader starts from a position whose every earlier change is applied, and applies
@@ -88,21 +90,24 @@ class Follower:
         if run["params"].get("binlog_pos") is None:
             raise ConfigError(f"migrate run {run_id} recorded no binlog position (the legacy "
                               "server had no binary log then): run 'farm migrate' again")
+        if self.ledger.busy_runs("migrate"):
+            return None
         if run["status"] == "failed":
             raise ConfigError(
-                f"migrate run {run_id} ended with failed chunks ('farm failed {run_id}' says "
-                f"why): retry them ('farm retry-failed {run_id}') or run 'farm migrate' again, "
-                "then 'farm sync'")
-        return None if run["status"] == "running" else run
+                f"migrate run {run_id} ended with failed chunks ('farm failed --run {run_id}' "
+                f"says why): retry them ('farm retry-failed --run {run_id}') or run 'farm "
+                "migrate' again, then 'farm sync'")
+        return run
 
-    def _still_latest(self, run: dict) -> bool:
-        """Whether ``run`` is still the migrate run to follow: the latest, and ended."""
-        latest = self.ledger.latest_run("migrate")
-        if latest == run["run_id"] and self.ledger.run(latest)["status"] == "done":
-            return True
-        log.info("migrate run %s started or re-opened: sync waits for it to end, then "
-                 "follows it from its position", latest)
-        return False
+    def _moved(self, run: dict) -> tuple[str, str] | None:
+        """``(latest, busy)`` when ``run`` is no longer the one to follow: a newer migrate
+        run exists, or some migrate run has chunks to run (started, re-opened, retried);
+        ``None`` while it is."""
+        latest = self.ledger.latest_run("migrate") or run["run_id"]
+        busy = self.ledger.busy_runs("migrate")
+        if latest == run["run_id"] and not busy:
+            return None
+        return latest, (busy[0] if busy else latest)
 
     def _start(self, run: dict) -> str:
         state = self.ledger.sync_state.read()
@@ -115,16 +120,23 @@ class Follower:
         """Stream and apply until stopped, caught up (if asked) or the lease is lost: each
         batch is every whole transaction read ahead while the last one applied (at most
         ``BATCH_ROWS`` keys), so a busy server gets larger batches, never a wait. False
-        when ``run`` is no longer the one to follow (checked before every apply)."""
+        when ``run`` is no longer the one to follow (checked before and after every
+        apply): the caller waits for the migration to end."""
         token = FenceToken("sync", 0, fence)
-        feed = Feed(self.settings.legacy_dsn, self._start(run))
+        upto = self._start(run)  # every change before it is applied
+        feed = Feed(self.settings.legacy_dsn, upto)
         try:
             while not self.stop.is_set():
                 changes = sync.Changes()
                 mark = feed.take(changes, BATCH_ROWS)
-                if not self._still_latest(run):
+                moved = self._moved(run)
+                if moved is not None:
+                    log.info("migrate run %s is running or new: sync waits for it to end",
+                             moved[1])
                     return False
-                self._flush(readers, fence, token, run, changes, mark)
+                if not self._flush(readers, fence, token, run, changes, mark, upto):
+                    return False
+                upto = mark.position
                 if mark.idle and self.until_caught_up and self._caught_up(reader):
                     return True
             return True
@@ -132,8 +144,12 @@ class Follower:
             feed.close()
 
     def _flush(self, readers: sync.Readers, fence: int, token: FenceToken, run: dict,
-               changes: sync.Changes, mark: binlog.Mark) -> None:
-        """Apply ``changes``, then checkpoint ``mark`` (fenced at both ends)."""
+               changes: sync.Changes, mark: binlog.Mark, upto: str) -> bool:
+        """Apply ``changes``, then checkpoint ``mark`` (fenced at both ends). False, and no
+        checkpoint, if a migration started or was re-opened meanwhile: its chunks may
+        have read a row before this apply read it and written it after, or the other way
+        round. Then the next run to follow is recorded with ``upto`` (the position before
+        this apply), so the changes of this apply are applied again after that run."""
         if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
             raise FencedError(f"sync lease {fence} lost")
         began = time.monotonic()
@@ -142,6 +158,14 @@ class Follower:
                                  changes)
         if lost.is_set():
             raise FencedError(f"sync lease {fence} lost during an apply")
+        moved = self._moved(run)
+        if moved is not None:
+            log.info("migrate run %s started during an apply: sync applies it again once "
+                     "that run has ended", moved[1])
+            was = self.ledger.sync_state.read().get("event_time") or 0
+            if not self.ledger.sync_state.checkpoint(fence, moved[0], upto, was, {}):
+                raise FencedError(f"sync lease {fence} lost before its checkpoint")
+            return False
         if applied:
             log.info("applied %d legacy keys (%s) in %.2fs, up to %s", sum(applied.values()),
                      ", ".join(f"{t} {n}" for t, n in applied.items()),
@@ -149,11 +173,12 @@ class Follower:
         state = self.ledger.sync_state.read()
         if not applied and state.get("gtid") == mark.position \
                 and state.get("run_id") == run["run_id"]:
-            return  # nothing new to record (a run followed anew is recorded at once)
+            return True  # nothing new to record (a run followed anew is recorded at once)
         stamp = mark.timestamp or int(time.time())
         if not self.ledger.sync_state.checkpoint(fence, run["run_id"], mark.position, stamp,
                                                  applied):
             raise FencedError(f"sync lease {fence} lost before its checkpoint")
+        return True
 
     @contextmanager
     def _renewing(self, fence: int) -> Iterator[threading.Event]:
@@ -186,8 +211,8 @@ class Follower:
 def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
     """Where sync stands: leader, checkpoint, lag (transactions and seconds, against the
     legacy server's position now when ``reader`` reaches it), keys applied per table,
-    the followed run's quarantine by reason, and ``waiting_for`` the latest migrate run
-    when sync does not follow it yet (it is running, failed, or not picked up yet)."""
+    the followed run's quarantine by reason, and ``waiting_for`` the migrate run sync
+    waits for instead of following (running, failed, or not picked up yet)."""
     state = ledger.sync_state.read()
     if not state:
         return {"state": "never run"}
@@ -201,15 +226,28 @@ def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
         out.update({"server_position": server, "lag_events": lag,
                     "lag_seconds": 0 if lag == 0 or not state["event_time"]
                     else max(0, int(time.time()) - int(state["event_time"]))})
-    latest = ledger.latest_run("migrate")
-    latest_status = ledger.run(latest)["status"] if latest else None
-    if latest and (latest != state["run_id"] or latest_status != "done"):
-        out["waiting_for"] = f"migrate run {latest} ({latest_status})"
+    waiting = _waiting_for(ledger, state["run_id"])
+    if waiting:
+        out["waiting_for"] = waiting
     quarantined: dict[str, dict[str, int]] = {}
     for table, reason, n in ledger.quarantine.reasons(state["run_id"]) if state["run_id"] else []:
         quarantined.setdefault(table, {})[reason] = n
     out["quarantined"] = quarantined
     return out
+
+
+def _waiting_for(ledger: Ledger, followed: str | None) -> str | None:
+    """The migrate run sync waits for instead of following, and why; ``None`` if none."""
+    busy = ledger.busy_runs("migrate")
+    if busy:
+        return f"migrate run {busy[0]} (running)"
+    latest = ledger.latest_run("migrate")
+    if latest is None:
+        return None
+    status = ledger.run(latest)["status"]
+    if status == "failed":
+        return f"migrate run {latest} (failed: retry it)"
+    return f"migrate run {latest} (done, not followed yet)" if latest != followed else None
 
 
 def view(ledger: Ledger, legacy_dsn: DSN) -> dict | None:
