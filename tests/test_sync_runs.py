@@ -134,6 +134,10 @@ def test_an_older_run_retried_while_sync_follows_makes_it_wait(
                           in log.read_text(), "sync to wait for the re-opened run")
         doc = last_json(run_farm(live, "sync", "status").stdout)
         assert doc["waiting_for"] == f"migrate run {older} (running)", doc
+        assert run_farm(live, "pause", older).returncode == 0
+        doc = last_json(run_farm(live, "sync", "status").stdout)
+        assert doc["waiting_for"] == f"migrate run {older} (paused)", doc
+        assert run_farm(live, "unpause", older).returncode == 0
         load(legacy_server, ["UPDATE users SET full_name = 'while re-opened' ORDER BY id "
                              "LIMIT 1"])
         faults.steps("migrate_chunk", args)

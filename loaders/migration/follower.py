@@ -240,7 +240,7 @@ def _waiting_for(ledger: Ledger, followed: str | None) -> str | None:
     """The migrate run sync waits for instead of following, and why; ``None`` if none."""
     busy = ledger.busy_runs("migrate")
     if busy:
-        return f"migrate run {busy[0]} (running)"
+        return f"migrate run {busy[0]} ({'paused' if ledger.run(busy[0])['paused'] else 'running'})"
     latest = ledger.latest_run("migrate")
     if latest is None:
         return None
