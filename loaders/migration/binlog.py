@@ -180,9 +180,9 @@ def _rows(ev, wanted: Sequence[str], pos: dict) -> Iterator[Change]:
         raise PartialImageError(
             f"the legacy binlog holds a partial row image of {t} without "
             f"{', '.join(lacking)} (after position {render(pos) or '(start)'}): a client "
-            "wrote with SET SESSION binlog_row_image=MINIMAL, and sync cannot tell what it "
-            "changed; make every client log FULL or NOBLOB images, then run 'farm migrate "
-            "--wait' and 'farm sync' again")
+            "wrote with SET SESSION binlog_row_image=MINIMAL, and sync needs the columns it "
+            "decides by in every image (as gh-ost and Vitess do); make every client log FULL "
+            "or NOBLOB images, then run 'farm migrate --wait' and 'farm sync' again")
     for row in ev.rows:
         if isinstance(ev, WriteRowsEvent):
             yield Change(t, None, _kept(t, row["values"], wanted))
