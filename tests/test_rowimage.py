@@ -161,12 +161,15 @@ def test_an_image_a_session_wrote_minimal_stops_the_stream_in_one_line(server, m
 def test_latin1_text_comes_out_as_written_whether_its_charset_is_logged_or_not(server,
                                                                                 metadata):
     """A latin1 legacy table: with no character set logged (MariaDB's default) the bytes
-    are not UTF-8 and are read as Latin-1; with it logged the library decodes them."""
+    are not UTF-8 and are read as Latin-1; with it logged the library decodes them. A
+    partial (NOBLOB) image of a row with such text, which the library decodes whole,
+    does not stop the stream either."""
     was = server.sql("SELECT @@binlog_row_metadata")[0][0]
     db = f"latin_{metadata.lower()}"
     server.sql(f"CREATE DATABASE {db}")
-    server.sql(LEGACY_DDL["users"].replace("CREATE TABLE IF NOT EXISTS ", f"CREATE TABLE {db}.")
-               + " DEFAULT CHARSET=latin1")
+    for table in ("users", "pins"):
+        server.sql(LEGACY_DDL[table].replace("CREATE TABLE IF NOT EXISTS ",
+                                             f"CREATE TABLE {db}.") + " DEFAULT CHARSET=latin1")
     start = server.sql("SELECT @@gtid_binlog_pos")[0][0]
     server.sql(f"SET GLOBAL binlog_row_metadata = {metadata}")
     try:
@@ -174,11 +177,15 @@ def test_latin1_text_comes_out_as_written_whether_its_charset_is_logged_or_not(s
         with conn.cursor() as cur:
             cur.execute("INSERT INTO users VALUES (1, 'José', NULL, NULL, NULL)")
             cur.execute("UPDATE users SET username = 'Josè' WHERE id = 1")
+            cur.execute("INSERT INTO pins VALUES (1, 1, 1, 'd', 'café', NULL, NULL)")
+            cur.execute("SET SESSION binlog_row_image = 'NOBLOB'")  # a partial image: the
+            cur.execute("UPDATE pins SET board_id = 2 WHERE id = 1")  # library decodes it
         conn.commit()
         conn.close()
         dsn = DSN.parse(f"mysql://root@127.0.0.1:{server.port}/{db}")
         got = []
-        for item in binlog.stream(dsn, start, {"users": ("id", "username")}, heartbeat=0.5):
+        wanted = {"users": ("id", "username"), "pins": ("id", "board_id")}
+        for item in binlog.stream(dsn, start, wanted, heartbeat=0.5):
             if isinstance(item, binlog.Mark):
                 if item.idle:
                     break
@@ -187,7 +194,9 @@ def test_latin1_text_comes_out_as_written_whether_its_charset_is_logged_or_not(s
     finally:
         server.sql(f"SET GLOBAL binlog_row_metadata = {was}")
     assert got == [(None, {"id": 1, "username": "José"}),
-                   ({"id": 1, "username": "José"}, {"id": 1, "username": "Josè"})]
+                   ({"id": 1, "username": "José"}, {"id": 1, "username": "Josè"}),
+                   (None, {"id": 1, "board_id": 1}),
+                   ({"id": 1, "board_id": 1}, {"id": 1, "board_id": 2})]
 
 
 @pytest.mark.parametrize(("variable", "value", "says"), [
