@@ -78,6 +78,7 @@ class Measure:
     label: str
     rows: int
     seconds: float
+    server_cpu: float | None = None  # the server's CPU seconds meanwhile, where measured
 
     @property
     def rate(self) -> float:

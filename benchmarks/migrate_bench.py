@@ -124,8 +124,18 @@ def run_scaled(bench: Bench, users: int, chunk_rows: int) -> None:
     for m in (w2.legacy, w2.target, load):
         print(fmt_row(m))
     print(f"migrate W=2: {w2.usage}")
+    print_server_side(w2, load)
     print(f"ratio (target rows/s, {users:,} users): migration(W=2)/LOAD DATA = "
           f"{w2.target.rate / load.rate:.2f} (goal >= 0.75)")
+
+
+def print_server_side(w2: Migration, load: Measure) -> None:
+    """The server's CPU seconds for the migration and for the reference: their ratio is the
+    migration's ceiling if its workers ran on other machines (the server alone bound)."""
+    mig, ref = w2.usage.server_cpu, load.server_cpu or 0.0
+    print(f"server CPU seconds: migration {mig:.1f}, LOAD DATA {ref:.1f}; server-side ratio "
+          f"(LOAD DATA / migration) = {ref / mig if mig else 0:.2f}: the ceiling with the "
+          "workers' CPU on other machines")
 
 
 def run(bench: Bench, users: int, scale: int, chunk_rows: int) -> None:
@@ -146,6 +156,7 @@ def run(bench: Bench, users: int, scale: int, chunk_rows: int) -> None:
     print_table([w1, w2], [load, insert])
     for m in (w1, w2):
         print(f"migrate W={m.workers}: {m.usage}")
+    print_server_side(w2, load)
     print_ratios(w1, w2, load, insert)
 
 

@@ -22,6 +22,7 @@ from benchmarks._bench import (
     empty_tables,
     target_tables,
 )
+from benchmarks._usage import cpu_seconds
 
 # --- reference A: LOAD DATA ----------------------------------------------------------------
 
@@ -103,14 +104,16 @@ def load_data(bench: Bench, files: list[tuple[Target, Path, int]]) -> Measure:
     """Truncate the dumped tables and time loading them back, ``LOAD_THREADS`` in parallel."""
     empty_tables(bench, [t.name for t, _, _ in files])
     bins = balance(files, LOAD_THREADS)
+    cpu = cpu_seconds(bench.server.proc.pid)
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=LOAD_THREADS) as pool:
         list(pool.map(lambda part: _load_files(bench, part), bins))
     seconds = time.perf_counter() - start
+    cpu = cpu_seconds(bench.server.proc.pid) - cpu
     rows = sum(n for _, _, n in files)
     check_counts(bench, {t.name: n for t, _, n in files})
     return Measure(f"LOAD DATA LOCAL INFILE, {LOAD_THREADS} client threads, "
-                   f"{len(files)} statements", rows, seconds)
+                   f"{len(files)} statements", rows, seconds, server_cpu=cpu)
 
 
 def check_counts(bench: Bench, expected: dict[str, int]) -> None:
