@@ -131,6 +131,8 @@ STATEMENTS: list[str] = [
     "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_state_any (state, lease_expires)",
     "ALTER TABLE runs ADD INDEX IF NOT EXISTS by_kind (kind, created_at)",
     "ALTER TABLE runs ADD INDEX IF NOT EXISTS by_status (status, finished_at)",
+    # chunks claimed since a time ('farm sync': did a migration write during an apply?)
+    "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_started (started_at)",
     # A run that ended keeps its totals here (NULL while it runs: summed from its chunks).
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS chunks_done INT NULL, "
     "ADD COLUMN IF NOT EXISTS chunks_failed INT NULL, "
@@ -148,6 +150,8 @@ STATEMENTS: list[str] = [
   applied JSON NULL,
   checkpointed_at DATETIME(3) NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    # 1 from the start of an apply until its checkpoint: that apply may not be recorded
+    "ALTER TABLE sync_state ADD COLUMN IF NOT EXISTS applying TINYINT NOT NULL DEFAULT 0",
 ]
 
 

@@ -372,13 +372,16 @@ class Ledger:
                                "LIMIT 1", (kind,))
         return rows[0][0] if rows else None
 
-    def busy_runs(self, kind: str) -> list[str]:
-        """Runs of ``kind`` with a chunk pending or running, newest first (read from the
-        chunks, not from a run's recorded status)."""
-        return [r[0] for r in self.pool.query(
-            "SELECT run_id FROM runs r WHERE kind = %s AND EXISTS (SELECT 1 FROM chunks c "
-            "WHERE c.run_id = r.run_id AND c.state IN ('pending', 'running')) "
-            "ORDER BY created_at DESC", (kind,))]
+    def active_runs(self, kind: str, since: object = None) -> tuple[list[str], object]:
+        """Runs of ``kind`` with a chunk leased now (lease not expired) or, with ``since``,
+        claimed since then; and this database's time of asking (a later call's ``since``)."""
+        (now,), = self.pool.query("SELECT NOW(3)")
+        sql = ("SELECT DISTINCT c.run_id FROM chunks c JOIN runs r ON r.run_id = c.run_id "
+               "WHERE r.kind = %s AND ")
+        out = [r[0] for r in self.pool.query(
+            sql + "c.state = 'running' AND c.lease_expires >= NOW(3)", (kind,))]
+        more = self.pool.query(sql + "c.started_at >= %s", (kind, since)) if since else []
+        return out + [r[0] for r in more if r[0] not in out], now
 
     def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:
         """``run_id`` if given, else the newest run of ``kind``; ``ConfigError(missing)`` when

@@ -41,6 +41,14 @@ class SyncState:
             "WHERE name = %s AND fence = %s AND expires >= NOW(3)",
             (int(seconds * 1e6), ROW, fence)) == 1
 
+    def begin_apply(self, fence: int, seconds: float) -> bool:
+        """``renew``, and note that an apply starts: until the next ``checkpoint`` what it
+        writes is recorded nowhere; ``False`` if the lease was lost."""
+        return self.pool.execute(
+            "UPDATE sync_state SET expires = NOW(3) + INTERVAL %s MICROSECOND, applying = 1 "
+            "WHERE name = %s AND fence = %s AND expires >= NOW(3)",
+            (int(seconds * 1e6), ROW, fence)) == 1
+
     def release(self, fence: int) -> None:
         """Give the lease up (a clean stop)."""
         self.pool.execute("UPDATE sync_state SET expires = NULL WHERE name = %s AND fence = %s",
@@ -56,13 +64,13 @@ class SyncState:
             total[table] = total.get(table, 0) + n
         return self.pool.execute(
             "UPDATE sync_state SET run_id = %s, gtid = %s, event_time = %s, applied = %s, "
-            "checkpointed_at = NOW(3) WHERE name = %s AND fence = %s",
+            "checkpointed_at = NOW(3), applying = 0 WHERE name = %s AND fence = %s",
             (run_id, gtid, event_time, json.dumps(total), ROW, fence)) == 1
 
     def read(self) -> dict:
         """The row as a dict (empty before the first sync)."""
         cols = ("owner", "host", "fence", "expires", "run_id", "gtid", "event_time", "applied",
-                "checkpointed_at")
+                "checkpointed_at", "applying")
         rows = self.pool.query(f"SELECT {', '.join(cols)}, expires >= NOW(3) FROM sync_state "
                                "WHERE name = %s", (ROW,))
         if not rows:

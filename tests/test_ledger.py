@@ -100,19 +100,23 @@ def test_unknown_run(ledger):
     assert ledger.claim("nope", 0, "w") == ClaimRefused("missing")
 
 
-def test_busy_runs_are_read_from_their_chunks_not_their_recorded_status(ledger):
-    kind = f"busy-{time.monotonic_ns()}"
-    older = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
-    newer = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
-    ledger.pool.execute("UPDATE runs SET created_at = created_at - INTERVAL 1 SECOND "
-                        "WHERE run_id = %s", (older,))
-    assert ledger.busy_runs(kind) == [newer, older]  # newest first
-    lease = ledger.claim(older, 0, "w1")
-    assert ledger.busy_runs(kind) == [newer, older]  # running counts
+def test_active_runs_have_a_live_lease_or_a_claim_since_the_time_asked(ledger):
+    kind = f"act{time.monotonic_ns() % 10**9}"
+    idle = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
+    work = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
+    assert ledger.active_runs(kind)[0] == []  # pending chunks write nothing
+    _, before = ledger.active_runs(kind)
+    lease = ledger.claim(work, 0, "w1")
+    assert ledger.active_runs(kind)[0] == [work]
     ledger.finish(lease, Outcome())
-    ledger.pool.execute("UPDATE runs SET status = 'running' WHERE run_id = %s", (older,))
-    assert ledger.busy_runs(kind) == [newer]  # a stale status does not
-    ledger.finish(ledger.claim(newer, 0, "w1"), Outcome())
-    ledger.pool.execute("UPDATE runs SET status = 'done' WHERE run_id = %s", (newer,))
-    ledger.pool.execute("UPDATE chunks SET state = 'pending' WHERE run_id = %s", (newer,))
-    assert ledger.busy_runs(kind) == [newer]  # nor a stale 'done'
+    assert ledger.active_runs(kind)[0] == []
+    assert ledger.active_runs(kind, since=before)[0] == [work]  # claimed since
+    ledger.pool.execute("UPDATE chunks SET started_at = started_at - INTERVAL 1 SECOND "
+                        "WHERE run_id = %s", (work,))  # the claim clearly before ``after``
+    _, after = ledger.active_runs(kind)
+    assert ledger.active_runs(kind, since=after)[0] == []
+    ledger.claim(idle, 0, "w2")
+    ledger.pool.execute("UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND, "
+                        "started_at = started_at - INTERVAL 1 SECOND WHERE run_id = %s",
+                        (idle,))
+    assert ledger.active_runs(kind, since=after)[0] == []  # a lease expired: not at work

@@ -30,6 +30,20 @@ def _caught_up(ledger, server) -> bool:
     return ledger.sync_state.read().get("gtid") == _position(server)
 
 
+def _migrate(env: dict) -> str:
+    """``farm migrate --wait`` (it must succeed); its run ID."""
+    out = run_farm(env, "migrate", "--wait", timeout=600)
+    assert out.returncode == 0, out.stderr
+    return last_json(out.stdout)["run_id"]
+
+
+def _valid_user(server) -> int:
+    """A legacy user that is migrated (username and date present)."""
+    (user,), = server.sql("SELECT MIN(id) FROM legacy.users WHERE username IS NOT NULL AND "
+                          "created_at IS NOT NULL")
+    return user
+
+
 def _users_only_run(settings, router, ledger) -> str:
     """A migrate run of one chunk, the whole ``users`` table, planned as ``farm migrate``
     plans (its binlog position taken first) but enqueued nowhere: the test runs it."""
@@ -45,15 +59,12 @@ def test_a_migration_started_while_sync_follows_loses_no_change(
         live, settings, router, ledger, map_path, legacy_server, tmp_path,  # noqa: F811
         monkeypatch):
     ledger.pool.execute("DELETE FROM sync_state")
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
-    first = last_json(out.stdout)["run_id"]
+    first = _migrate(live)
     log = tmp_path / "sync.log"
     sync = start_sync(live, log)
     try:
         faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")
-        (user,), = legacy_server.sql("SELECT MIN(id) FROM legacy.users WHERE username IS NOT "
-                                     "NULL AND created_at IS NOT NULL")
+        user = _valid_user(legacy_server)
         second = _users_only_run(Settings.from_env(live), router, ledger)
         # the chunk has read the legacy users, and reads the target next
         monkeypatch.setenv("FARM_FAULT_MATCH", "legacy_id_map")
@@ -83,19 +94,19 @@ def test_a_migration_started_while_sync_follows_loses_no_change(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("lease", ["kept", "lost"])
 def test_a_migration_run_during_an_apply_has_that_apply_made_again(
-        live, settings, router, ledger, map_path, legacy_server, monkeypatch):  # noqa: F811
+        live, settings, router, ledger, map_path, legacy_server, monkeypatch,  # noqa: F811
+        lease):
     """Sync frozen inside an apply (it read a user's row, its first write not sent) while
     the row changes again and a migration of it runs whole: the apply then writes the
-    older row over the migration's. Sync must see the run when the apply ends and apply
-    again from before that apply, not from the new run's position."""
+    older row over the migration's. Sync must apply again from before that apply, not
+    from the new run's position: seeing the run when the apply ends (lease kept), or,
+    when the apply was never recorded (lease lost inside it), when it follows anew."""
     ledger.pool.execute("DELETE FROM sync_state")
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
-    first = last_json(out.stdout)["run_id"]
+    first = _migrate(live)
     assert run_farm(live, "sync", "--until-caught-up", timeout=120).returncode == 0
-    (user,), = legacy_server.sql("SELECT MIN(id) FROM legacy.users WHERE username IS NOT "
-                                 "NULL AND created_at IS NOT NULL")
+    user = _valid_user(legacy_server)
     change = "UPDATE users SET full_name = '{}' WHERE id = " + str(user)
     load(legacy_server, [change.format("read by sync")])
     monkeypatch.setenv("FARM_FAULT_MATCH", "chunk_fences` WHERE run_id")  # first shard write
@@ -106,6 +117,11 @@ def test_a_migration_run_during_an_apply_has_that_apply_made_again(
         faults.steps("migrate_chunk", {"shardmap": str(map_path), "env": live,
                                        "run_id": second, "chunk_id": 0})  # runs it whole
         assert ledger.run(second)["status"] == "done"
+        if lease == "kept":  # however long the freeze took
+            ledger.pool.execute("UPDATE sync_state SET expires = NOW(3) + INTERVAL 60 SECOND")
+        else:  # a standby took the lease over meanwhile, and has since left it
+            ledger.pool.execute("UPDATE sync_state SET fence = fence + 1, owner = 'standby', "
+                                "expires = NOW(3) - INTERVAL 1 SECOND")
     assert _caught_up(ledger, legacy_server)
     assert ledger.sync_state.read()["run_id"] == second
     problems = exact(legacy_server, settings, map_path, first)
@@ -113,34 +129,28 @@ def test_a_migration_run_during_an_apply_has_that_apply_made_again(
 
 
 @pytest.mark.slow
-def test_an_older_run_retried_while_sync_follows_makes_it_wait(
-        live, settings, router, ledger, map_path, legacy_server, tmp_path):  # noqa: F811
-    """``farm retry-failed`` re-opens an older migrate run (not the latest, which sync
-    follows): its chunks write as a migration's do, so sync waits for it as well."""
-    older = _users_only_run(Settings.from_env(live), router, ledger)
-    args = {"shardmap": str(map_path), "env": live, "run_id": older, "chunk_id": 0}
-    faults.steps("migrate_chunk", args)
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
-    latest = last_json(out.stdout)["run_id"]
+def test_an_older_run_holds_sync_up_only_while_it_works(
+        live, settings, router, ledger, map_path, legacy_server, tmp_path,  # noqa: F811
+        monkeypatch):
+    """An older migrate run left unfinished (nobody runs its chunks) writes nothing: sync
+    follows the latest run all the same. Once one of its chunks is at work (re-opened by
+    ``farm retry-failed``, say) it writes as a migration does, and sync waits for it."""
+    older = _users_only_run(Settings.from_env(live), router, ledger)  # never run
+    latest = _migrate(live)
     log = tmp_path / "sync.log"
     sync = start_sync(live, log)
     try:
         faults.wait_until(lambda: _caught_up(ledger, legacy_server)
                           and ledger.sync_state.read()["run_id"] == latest, "sync to follow")
-        ledger.pool.execute("UPDATE chunks SET state = 'failed' WHERE run_id = %s", (older,))
-        assert run_farm(live, "retry-failed", "--run", older).returncode == 0
-        faults.wait_until(lambda: f"migrate run {older} is running or new: sync waits"
-                          in log.read_text(), "sync to wait for the re-opened run")
-        doc = last_json(run_farm(live, "sync", "status").stdout)
-        assert doc["waiting_for"] == f"migrate run {older} (running)", doc
-        assert run_farm(live, "pause", older).returncode == 0
-        doc = last_json(run_farm(live, "sync", "status").stdout)
-        assert doc["waiting_for"] == f"migrate run {older} (paused)", doc
-        assert run_farm(live, "unpause", older).returncode == 0
-        load(legacy_server, ["UPDATE users SET full_name = 'while re-opened' ORDER BY id "
-                             "LIMIT 1"])
-        faults.steps("migrate_chunk", args)
+        monkeypatch.setenv("FARM_FAULT_MATCH", "legacy_id_map")  # its first target read
+        args = {"shardmap": str(map_path), "env": live, "run_id": older, "chunk_id": 0}
+        with faults.frozen("migrate_chunk", args, 1):
+            faults.wait_until(lambda: f"migrate run {older} is running or new: sync waits"
+                              in log.read_text(), "sync to wait for the older run at work")
+            doc = last_json(run_farm(live, "sync", "status").stdout)
+            assert doc["waiting_for"] == f"migrate run {older} (running)", doc
+            load(legacy_server, [f"UPDATE users SET full_name = 'while it works' WHERE id = "
+                                 f"{_valid_user(legacy_server)}"])
         faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")
         assert ledger.sync_state.read()["run_id"] == latest
         problems = exact(legacy_server, settings, map_path, latest)
@@ -154,8 +164,7 @@ def test_cutover_waits_for_sync_to_follow_the_latest_migration(
         live, router, ledger, map_path, legacy_server):  # noqa: F811
     """While a migration runs, cut-over says sync waits for it; once it has ended with no
     change since, sync follows it (its checkpoint names the new run) and cut-over passes."""
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
+    _migrate(live)
     sync = start_sync(live)
     try:
         faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")
@@ -163,7 +172,11 @@ def test_cutover_waits_for_sync_to_follow_the_latest_migration(
         out = run_farm(live, "cutover", "--timeout", "2", timeout=120)
         assert out.returncode == 1
         lines = out.stderr.strip().splitlines()
-        assert f"(it waits for migrate run {third} to end); nothing was cut over" in lines[-1]
+        assert f"(it waits for migrate run {third} (running)); nothing was cut over" in lines[-1]
+        assert run_farm(live, "pause", third).returncode == 0
+        doc = last_json(run_farm(live, "sync", "status").stdout)
+        assert doc["waiting_for"] == f"migrate run {third} (paused)", doc
+        assert run_farm(live, "unpause", third).returncode == 0
         faults.steps("migrate_chunk", {"shardmap": str(map_path), "env": live,
                                        "run_id": third, "chunk_id": 0})  # runs it, no fault
         assert ledger.run(third)["status"] == "done"
@@ -195,8 +208,7 @@ def test_sync_stops_at_a_partial_row_image_in_one_line(live, ledger, legacy_serv
     stops sync with exit 1 and one line naming the table; after the advised re-run of the
     migration, sync follows again."""
     ledger.pool.execute("DELETE FROM sync_state")
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
+    _migrate(live)
     conn = legacy_server.connect(database="legacy")
     with conn.cursor() as cur:
         cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
@@ -208,9 +220,7 @@ def test_sync_stops_at_a_partial_row_image_in_one_line(live, ledger, legacy_serv
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "partial row image of pins" in lines[0], out.stderr
     assert "binlog_row_image=MINIMAL" in lines[0] and "farm migrate" in lines[0]
-    out = run_farm(live, "migrate", "--wait", timeout=600)
-    assert out.returncode == 0, out.stderr
-    run_id = last_json(out.stdout)["run_id"]
+    run_id = _migrate(live)
     out = run_farm(live, "sync", "--until-caught-up", timeout=120)
     assert out.returncode == 0, out.stderr
     assert ledger.sync_state.read()["run_id"] == run_id

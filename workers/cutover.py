@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from jobs import runs
 from jobs.runtime import Runtime
-from loaders.migration import binlog
+from loaders.migration import binlog, runwatch
 from loaders.migration.legacy import LegacyReader
 from shardfarm.errors import RetryableError
 from workers import launch
@@ -80,25 +80,19 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
     deadline = time.monotonic() + timeout
     while True:
         state = rt.ledger.sync_state.read() or {}
-        latest = rt.ledger.latest_run("migrate")
-        if state.get("run_id") == latest and state.get("gtid") \
-                and binlog.behind(state["gtid"], final) == 0 \
-                and not rt.ledger.busy_runs("migrate"):
+        if state.get("gtid") and binlog.behind(state["gtid"], final) == 0 \
+                and runwatch.activity(rt.ledger).blocker(state.get("run_id")) is None:
             break  # applied up to the end, following the latest migration, which has ended
         if time.monotonic() > deadline:
             raise SyncBehindError(f"sync has not applied up to {final} after {timeout:.0f} s "
-                                  f"({_why_behind(rt, state, latest)}); nothing was cut over")
+                                  f"({_why_behind(rt, state)}); nothing was cut over")
         time.sleep(POLL_SECONDS)
     vid, of_run = launch.verify(rt, None, notice)
     outcome = launch.verify_outcome(rt, vid, of_run, runs.wait(rt, vid))
     return Verdict(outcome.ok, final, int(outcome.summary["mismatches"]), vid, freeze)
 
 
-def _why_behind(rt: Runtime, state: dict, latest: str | None) -> str:
+def _why_behind(rt: Runtime, state: dict) -> str:
     """What keeps sync behind, as far as the control database tells."""
-    busy = rt.ledger.busy_runs("migrate")
-    if busy:
-        return f"it waits for migrate run {busy[0]} to end"
-    if latest and state.get("run_id") != latest and rt.ledger.run(latest)["status"] == "failed":
-        return f"migrate run {latest} failed: retry it ('farm retry-failed --run {latest}')"
-    return "is 'farm sync' running?"
+    waiting = runwatch.waiting_for(rt.ledger, state.get("run_id"))
+    return f"it waits for {waiting}" if waiting else "is 'farm sync' running?"

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from farmcore.ledger import Ledger
-from loaders.migration import binlog, sync
+from loaders.migration import binlog, runwatch, sync
 from loaders.migration.feed import Feed
 from loaders.migration.legacy import LegacyReader
 from shardfarm.errors import ConfigError, FarmError, FencedError
@@ -81,16 +81,17 @@ class Follower:
             readers.close()
 
     def _run(self) -> dict | None:
-        """The migrate run to follow: the latest, once it has ended (its chunks must not
-        write rows older than the changes applied after them)."""
-        run_id = self.ledger.latest_run("migrate")
-        if run_id is None:
+        """The migrate run to follow: the latest, once it has ended and no migration writes
+        (``runwatch``); ``None`` meanwhile."""
+        act = runwatch.activity(self.ledger)
+        if act.latest is None:
             raise ConfigError("no migrate run to follow: run 'farm migrate' first")
+        run_id = act.latest
         run = self.ledger.run(run_id)
         if run["params"].get("binlog_pos") is None:
             raise ConfigError(f"migrate run {run_id} recorded no binlog position (the legacy "
                               "server had no binary log then): run 'farm migrate' again")
-        if self.ledger.busy_runs("migrate"):
+        if act.latest_open or act.active:
             return None
         if run["status"] == "failed":
             raise ConfigError(
@@ -99,21 +100,17 @@ class Follower:
                 "migrate' again, then 'farm sync'")
         return run
 
-    def _moved(self, run: dict) -> tuple[str, str] | None:
-        """``(latest, busy)`` when ``run`` is no longer the one to follow: a newer migrate
-        run exists, or some migrate run has chunks to run (started, re-opened, retried);
-        ``None`` while it is."""
-        latest = self.ledger.latest_run("migrate") or run["run_id"]
-        busy = self.ledger.busy_runs("migrate")
-        if latest == run["run_id"] and not busy:
-            return None
-        return latest, (busy[0] if busy else latest)
-
     def _start(self, run: dict) -> str:
+        """Where to follow ``run`` from: the checkpoint if it is of ``run``; else the run's
+        own position, or the checkpoint of the run followed before if that is earlier and
+        its last apply was never recorded (the leader died or lost its lease inside it:
+        the apply may have overlapped this run's chunks, and is made again)."""
         state = self.ledger.sync_state.read()
-        if state.get("run_id") == run["run_id"] and state.get("gtid") is not None:
-            return state["gtid"]
-        return run["params"]["binlog_pos"]
+        gtid, own = state.get("gtid"), run["params"]["binlog_pos"]
+        if gtid is not None and (state.get("run_id") == run["run_id"] or (
+                state.get("applying") and binlog.behind(gtid, own) > 0)):
+            return gtid
+        return own
 
     def _follow(self, reader: LegacyReader, readers: sync.Readers, fence: int, run: dict
                 ) -> bool:
@@ -129,12 +126,12 @@ class Follower:
             while not self.stop.is_set():
                 changes = sync.Changes()
                 mark = feed.take(changes, BATCH_ROWS)
-                moved = self._moved(run)
-                if moved is not None:
+                act = runwatch.activity(self.ledger)
+                if act.blocker(run["run_id"]) is not None:
                     log.info("migrate run %s is running or new: sync waits for it to end",
-                             moved[1])
+                             act.blocker(run["run_id"]))
                     return False
-                if not self._flush(readers, fence, token, run, changes, mark, upto):
+                if not self._flush(readers, fence, token, run, changes, mark, upto, act.at):
                     return False
                 upto = mark.position
                 if mark.idle and self.until_caught_up and self._caught_up(reader):
@@ -144,13 +141,15 @@ class Follower:
             feed.close()
 
     def _flush(self, readers: sync.Readers, fence: int, token: FenceToken, run: dict,
-               changes: sync.Changes, mark: binlog.Mark, upto: str) -> bool:
+               changes: sync.Changes, mark: binlog.Mark, upto: str, since: object) -> bool:
         """Apply ``changes``, then checkpoint ``mark`` (fenced at both ends). False, and no
         checkpoint, if a migration started or was re-opened meanwhile: its chunks may
         have read a row before this apply read it and written it after, or the other way
         round. Then the next run to follow is recorded with ``upto`` (the position before
         this apply), so the changes of this apply are applied again after that run."""
-        if not self.ledger.sync_state.renew(fence, LEASE_SECONDS):
+        held = (self.ledger.sync_state.begin_apply(fence, LEASE_SECONDS) if changes.rows()
+                else self.ledger.sync_state.renew(fence, LEASE_SECONDS))
+        if not held:
             raise FencedError(f"sync lease {fence} lost")
         began = time.monotonic()
         with self._renewing(fence) as lost:
@@ -158,12 +157,13 @@ class Follower:
                                  changes)
         if lost.is_set():
             raise FencedError(f"sync lease {fence} lost during an apply")
-        moved = self._moved(run)
-        if moved is not None:
-            log.info("migrate run %s started during an apply: sync applies it again once "
-                     "that run has ended", moved[1])
+        act = runwatch.activity(self.ledger, since)  # a chunk claimed since the check
+        if act.blocker(run["run_id"]) is not None:
+            log.info("migrate run %s wrote during an apply: sync applies it again once "
+                     "that run has ended", act.blocker(run["run_id"]))
             was = self.ledger.sync_state.read().get("event_time") or 0
-            if not self.ledger.sync_state.checkpoint(fence, moved[0], upto, was, {}):
+            if not self.ledger.sync_state.checkpoint(fence, act.latest or run["run_id"], upto,
+                                                     was, {}):
                 raise FencedError(f"sync lease {fence} lost before its checkpoint")
             return False
         if applied:
@@ -226,7 +226,7 @@ def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
         out.update({"server_position": server, "lag_events": lag,
                     "lag_seconds": 0 if lag == 0 or not state["event_time"]
                     else max(0, int(time.time()) - int(state["event_time"]))})
-    waiting = _waiting_for(ledger, state["run_id"])
+    waiting = runwatch.waiting_for(ledger, state["run_id"])
     if waiting:
         out["waiting_for"] = waiting
     quarantined: dict[str, dict[str, int]] = {}
@@ -234,20 +234,6 @@ def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
         quarantined.setdefault(table, {})[reason] = n
     out["quarantined"] = quarantined
     return out
-
-
-def _waiting_for(ledger: Ledger, followed: str | None) -> str | None:
-    """The migrate run sync waits for instead of following, and why; ``None`` if none."""
-    busy = ledger.busy_runs("migrate")
-    if busy:
-        return f"migrate run {busy[0]} ({'paused' if ledger.run(busy[0])['paused'] else 'running'})"
-    latest = ledger.latest_run("migrate")
-    if latest is None:
-        return None
-    status = ledger.run(latest)["status"]
-    if status == "failed":
-        return f"migrate run {latest} (failed: retry it)"
-    return f"migrate run {latest} (done, not followed yet)" if latest != followed else None
 
 
 def view(ledger: Ledger, legacy_dsn: DSN) -> dict | None:
