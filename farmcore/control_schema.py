@@ -150,8 +150,10 @@ STATEMENTS: list[str] = [
   applied JSON NULL,
   checkpointed_at DATETIME(3) NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
-    # 1 from the start of an apply until its checkpoint: that apply may not be recorded
-    "ALTER TABLE sync_state ADD COLUMN IF NOT EXISTS applying TINYINT NOT NULL DEFAULT 0",
+    # the checkpoint an apply started from, and its leader's fence, from the start of an
+    # apply until that leader's checkpoint: the apply may not be recorded ('farm sync')
+    "ALTER TABLE sync_state ADD COLUMN IF NOT EXISTS applying_from VARCHAR(1000) NULL, "
+    "ADD COLUMN IF NOT EXISTS applying_fence BIGINT NULL",
 ]
 
 

@@ -291,13 +291,13 @@ class Ledger:
         self._fenced(lease, "UPDATE chunks SET state = 'pending', attempts = attempts - 1, "
                      "lease_owner = NULL, lease_expires = NULL", (), then=("pending",))
 
-    def unfinished(self, run_id: str, include_failed: bool = False) -> list[int]:
-        """Chunk IDs not done (pending, running; failed too if asked)."""
+    def unfinished(self, run_id: str, include_failed: bool = False, limit: int = 2**62) -> list:
+        """Chunk IDs not done (pending, running; failed too if asked), at most ``limit``."""
         states = ("pending", "running", "failed") if include_failed else ("pending", "running")
         marks = ",".join(["%s"] * len(states))
         return [r[0] for r in self.pool.query(
             f"SELECT chunk_id FROM chunks WHERE run_id = %s AND state IN ({marks}) "
-            "ORDER BY chunk_id", (run_id, *states))]
+            "ORDER BY chunk_id LIMIT %s", (run_id, *states, limit))]
 
     def expire_leases(self) -> int:
         """Give every chunk whose lease expired (its worker died) back as ``pending``, noting
@@ -368,19 +368,20 @@ class Ledger:
     # -- stores of their own, reached through the ledger by chunk handlers and the CLI -------
     def latest_run(self, kind: str) -> str | None:
         """The newest run of ``kind``, if any."""
-        rows = self.pool.query("SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC "
-                               "LIMIT 1", (kind,))
-        return rows[0][0] if rows else None
+        return next((r[0] for r in self.pool.query(
+            "SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC, run_id DESC "
+            "LIMIT 1", (kind,))), None)
 
-    def active_runs(self, kind: str, since: object = None) -> tuple[list[str], object]:
-        """Runs of ``kind`` with a chunk leased now (lease not expired) or, with ``since``,
-        claimed since then; and this database's time of asking (a later call's ``since``)."""
-        (now,), = self.pool.query("SELECT NOW(3)")
-        sql = ("SELECT DISTINCT c.run_id FROM chunks c JOIN runs r ON r.run_id = c.run_id "
-               "WHERE r.kind = %s AND ")
-        out = [r[0] for r in self.pool.query(
-            sql + "c.state = 'running' AND c.lease_expires >= NOW(3)", (kind,))]
-        more = self.pool.query(sql + "c.started_at >= %s", (kind, since)) if since else []
+    def active_runs(self, kind: str, since: object = None, grace: float = 0.0) -> tuple:
+        """Runs of ``kind`` with a chunk leased (or expired < ``grace`` s ago) or claimed after
+        ``since`` (default now) less ``grace`` and unfinished then; and the time of asking."""
+        now, us = self.pool.query("SELECT NOW(3)")[0][0], int(grace * 1e6)
+        sql = "SELECT DISTINCT run_id FROM chunks c JOIN runs r USING(run_id) WHERE r.kind=%s AND "
+        out = [r[0] for r in self.pool.query(sql + "c.state = 'running' AND c.lease_expires >= "
+                                             "NOW(3) - INTERVAL %s MICROSECOND", (kind, us))]
+        at = since or now
+        more = self.pool.query(sql + "c.started_at >= %s - INTERVAL %s MICROSECOND AND (c."
+                               "finished_at IS NULL OR c.finished_at >= %s)", (kind, at, us, at))
         return out + [r[0] for r in more if r[0] not in out], now
 
     def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:

@@ -41,13 +41,16 @@ class SyncState:
             "WHERE name = %s AND fence = %s AND expires >= NOW(3)",
             (int(seconds * 1e6), ROW, fence)) == 1
 
-    def begin_apply(self, fence: int, seconds: float) -> bool:
-        """``renew``, and note that an apply starts: until the next ``checkpoint`` what it
-        writes is recorded nowhere; ``False`` if the lease was lost."""
+    def begin_apply(self, fence: int, seconds: float, start: str) -> bool:
+        """``renew``, and note that an apply from checkpoint ``start`` begins: until this
+        leader's next ``checkpoint`` it may be recorded nowhere (an earlier leader's note,
+        if any, is kept); ``False`` if the lease was lost."""
         return self.pool.execute(
-            "UPDATE sync_state SET expires = NOW(3) + INTERVAL %s MICROSECOND, applying = 1 "
+            "UPDATE sync_state SET expires = NOW(3) + INTERVAL %s MICROSECOND, "
+            "applying_fence = IF(applying_from IS NULL, %s, applying_fence), "
+            "applying_from = IFNULL(applying_from, %s) "
             "WHERE name = %s AND fence = %s AND expires >= NOW(3)",
-            (int(seconds * 1e6), ROW, fence)) == 1
+            (int(seconds * 1e6), fence, start, ROW, fence)) == 1
 
     def release(self, fence: int) -> None:
         """Give the lease up (a clean stop)."""
@@ -55,22 +58,25 @@ class SyncState:
                           (ROW, fence))
 
     def checkpoint(self, fence: int, run_id: str, gtid: str, event_time: int,
-                   applied: dict[str, int]) -> bool:
+                   applied: dict[str, int], anew: bool = False) -> bool:
         """Record that every event up to ``gtid`` is applied (with the per-table counts
-        added); ``False`` if ``fence`` no longer leads."""
+        added), and that this leader's applies are recorded (or, ``anew``, every earlier
+        leader's too: ``gtid`` is where their applies began); ``False`` if ``fence`` no
+        longer leads."""
         row = self.read()
         total = dict(row.get("applied") or {}) if row.get("run_id") == run_id else {}
         for table, n in applied.items():
             total[table] = total.get(table, 0) + n
         return self.pool.execute(
             "UPDATE sync_state SET run_id = %s, gtid = %s, event_time = %s, applied = %s, "
-            "checkpointed_at = NOW(3), applying = 0 WHERE name = %s AND fence = %s",
-            (run_id, gtid, event_time, json.dumps(total), ROW, fence)) == 1
+            "checkpointed_at = NOW(3), applying_from = IF(%s OR applying_fence = fence, "
+            "NULL, applying_from) WHERE name = %s AND fence = %s",
+            (run_id, gtid, event_time, json.dumps(total), anew, ROW, fence)) == 1
 
     def read(self) -> dict:
         """The row as a dict (empty before the first sync)."""
         cols = ("owner", "host", "fence", "expires", "run_id", "gtid", "event_time", "applied",
-                "checkpointed_at", "applying")
+                "checkpointed_at", "applying_from")
         rows = self.pool.query(f"SELECT {', '.join(cols)}, expires >= NOW(3) FROM sync_state "
                                "WHERE name = %s", (ROW,))
         if not rows:

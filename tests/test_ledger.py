@@ -104,19 +104,19 @@ def test_active_runs_have_a_live_lease_or_a_claim_since_the_time_asked(ledger):
     kind = f"act{time.monotonic_ns() % 10**9}"
     idle = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
     work = ledger.create_run(kind, "q", {}, [ChunkSpec("k", {"i": 0})])
-    assert ledger.active_runs(kind)[0] == []  # pending chunks write nothing
-    _, before = ledger.active_runs(kind)
+    runs, before = ledger.active_runs(kind)
+    assert runs == []  # pending chunks write nothing
     lease = ledger.claim(work, 0, "w1")
     assert ledger.active_runs(kind)[0] == [work]
     ledger.finish(lease, Outcome())
+    assert ledger.active_runs(kind, since=before)[0] == [work]  # at work since ``before``
+    back = "UPDATE chunks SET {} WHERE run_id = %s"
+    ledger.pool.execute(back.format("started_at = started_at - INTERVAL 1 HOUR, "
+                                    "finished_at = finished_at - INTERVAL 1 HOUR"), (work,))
     assert ledger.active_runs(kind)[0] == []
-    assert ledger.active_runs(kind, since=before)[0] == [work]  # claimed since
-    ledger.pool.execute("UPDATE chunks SET started_at = started_at - INTERVAL 1 SECOND "
-                        "WHERE run_id = %s", (work,))  # the claim clearly before ``after``
-    _, after = ledger.active_runs(kind)
-    assert ledger.active_runs(kind, since=after)[0] == []
+    assert ledger.active_runs(kind, grace=7200)[0] == []  # claimed then, but finished then
     ledger.claim(idle, 0, "w2")
-    ledger.pool.execute("UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND, "
-                        "started_at = started_at - INTERVAL 1 SECOND WHERE run_id = %s",
-                        (idle,))
-    assert ledger.active_runs(kind, since=after)[0] == []  # a lease expired: not at work
+    ledger.pool.execute(back.format("lease_expires = NOW(3) - INTERVAL 30 SECOND, "
+                                    "started_at = started_at - INTERVAL 1 HOUR"), (idle,))
+    assert ledger.active_runs(kind)[0] == []  # its lease expired
+    assert ledger.active_runs(kind, grace=60)[0] == [idle]  # a statement may still run

@@ -36,12 +36,15 @@ class Verdict:
     mismatches: int
     verify_run: str
     frozen: bool
+    failed_chunks: int = 0
 
     def line(self) -> str:
         """The one verdict line."""
         word = "exact" if self.ok else "NOT exact"
+        failed = (f", {self.failed_chunks} verify chunk(s) failed: 'farm failed --run "
+                  f"{self.verify_run}'" if self.failed_chunks else "")
         return (f"cutover: target {word} at legacy binlog position {self.position or '(empty)'}: "
-                f"{self.mismatches} mismatch(es) (verify run {self.verify_run})"
+                f"{self.mismatches} mismatch(es){failed} (verify run {self.verify_run})"
                 + ("; legacy server left read-only" if self.ok and self.frozen else
                    "; legacy server writable again" if self.frozen else ""))
 
@@ -89,7 +92,8 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
         time.sleep(POLL_SECONDS)
     vid, of_run = launch.verify(rt, None, notice)
     outcome = launch.verify_outcome(rt, vid, of_run, runs.wait(rt, vid))
-    return Verdict(outcome.ok, final, int(outcome.summary["mismatches"]), vid, freeze)
+    return Verdict(outcome.ok, final, int(outcome.summary["mismatches"]), vid, freeze,
+                   int(outcome.summary["failed_chunks"] or 0))
 
 
 def _why_behind(rt: Runtime, state: dict) -> str:

@@ -74,8 +74,8 @@ class Follower:
                     if self._follow(reader, readers, fence, run):
                         self.ledger.sync_state.release(fence)
                         return
-                except FencedError:
-                    continue  # another process took over: wait to lead again
+                except FencedError as exc:  # another process took over: wait to lead again
+                    log.warning("%s; waiting to lead again", exc)
         finally:
             reader.close()
             readers.close()
@@ -100,17 +100,19 @@ class Follower:
                 "migrate' again, then 'farm sync'")
         return run
 
-    def _start(self, run: dict) -> str:
-        """Where to follow ``run`` from: the checkpoint if it is of ``run``; else the run's
-        own position, or the checkpoint of the run followed before if that is earlier and
-        its last apply was never recorded (the leader died or lost its lease inside it:
-        the apply may have overlapped this run's chunks, and is made again)."""
+    def _start(self, run: dict) -> tuple[str, bool]:
+        """Where to follow ``run`` from, and whether that is an earlier leader's unrecorded
+        apply: the checkpoint if it is of ``run``; else the run's own position, or where
+        an apply began that a leader never recorded (it died or lost its lease inside it)
+        if that is earlier: the apply may have overlapped this run's chunks."""
         state = self.ledger.sync_state.read()
-        gtid, own = state.get("gtid"), run["params"]["binlog_pos"]
-        if gtid is not None and (state.get("run_id") == run["run_id"] or (
-                state.get("applying") and binlog.behind(gtid, own) > 0)):
-            return gtid
-        return own
+        gtid, own, began = state.get("gtid"), run["params"]["binlog_pos"], state.get(
+            "applying_from")
+        if gtid is not None and state.get("run_id") == run["run_id"]:
+            return gtid, False
+        if began is not None and binlog.behind(began, own) > 0:
+            return began, True
+        return own, False
 
     def _follow(self, reader: LegacyReader, readers: sync.Readers, fence: int, run: dict
                 ) -> bool:
@@ -120,7 +122,11 @@ class Follower:
         when ``run`` is no longer the one to follow (checked before and after every
         apply): the caller waits for the migration to end."""
         token = FenceToken("sync", 0, fence)
-        upto = self._start(run)  # every change before it is applied
+        upto, anew = self._start(run)  # every change before it is applied
+        if anew and not self.ledger.sync_state.checkpoint(
+                fence, run["run_id"], upto, self.ledger.sync_state.read().get("event_time") or 0,
+                {}, anew=True):
+            raise FencedError(f"sync lease {fence} lost before its checkpoint")
         feed = Feed(self.settings.legacy_dsn, upto)
         try:
             while not self.stop.is_set():
@@ -128,8 +134,8 @@ class Follower:
                 mark = feed.take(changes, BATCH_ROWS)
                 act = runwatch.activity(self.ledger)
                 if act.blocker(run["run_id"]) is not None:
-                    log.info("migrate run %s is running or new: sync waits for it to end",
-                             act.blocker(run["run_id"]))
+                    log.info("migrate run %s is at work or new: sync waits until no "
+                             "migration writes", act.blocker(run["run_id"]))
                     return False
                 if not self._flush(readers, fence, token, run, changes, mark, upto, act.at):
                     return False
@@ -147,8 +153,8 @@ class Follower:
         have read a row before this apply read it and written it after, or the other way
         round. Then the next run to follow is recorded with ``upto`` (the position before
         this apply), so the changes of this apply are applied again after that run."""
-        held = (self.ledger.sync_state.begin_apply(fence, LEASE_SECONDS) if changes.rows()
-                else self.ledger.sync_state.renew(fence, LEASE_SECONDS))
+        held = (self.ledger.sync_state.begin_apply(fence, LEASE_SECONDS, upto)
+                if changes.rows() else self.ledger.sync_state.renew(fence, LEASE_SECONDS))
         if not held:
             raise FencedError(f"sync lease {fence} lost")
         began = time.monotonic()
@@ -159,8 +165,9 @@ class Follower:
             raise FencedError(f"sync lease {fence} lost during an apply")
         act = runwatch.activity(self.ledger, since)  # a chunk claimed since the check
         if act.blocker(run["run_id"]) is not None:
-            log.info("migrate run %s wrote during an apply: sync applies it again once "
-                     "that run has ended", act.blocker(run["run_id"]))
+            log.info("migrate run %s may have written during this apply: it is not "
+                     "recorded, and is applied again once no migration writes",
+                     act.blocker(run["run_id"]))
             was = self.ledger.sync_state.read().get("event_time") or 0
             if not self.ledger.sync_state.checkpoint(fence, act.latest or run["run_id"], upto,
                                                      was, {}):

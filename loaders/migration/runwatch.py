@@ -4,7 +4,9 @@ Sync applies changes only while no migration writes: a chunk and an apply that o
 may each write an older copy of a row over the other's newer one. A migration writes
 while its latest run has chunks to run, and while any migrate run (an older one
 re-opened by ``farm retry-failed``, say) has a chunk leased. An older run left
-unfinished with nobody working on it writes nothing and holds nothing up.
+unfinished with nobody working on it writes nothing and holds nothing up. A chunk whose
+lease expired counts for ``GRACE`` more seconds, and so does a claim made just before
+the time asked about.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from dataclasses import dataclass
 from farmcore.ledger import Ledger
 
 KIND = "migrate"
+# Seconds a chunk still counts as at work after its lease expired (a statement already
+# sent may run on: a lock wait lasts up to innodb_lock_wait_timeout, 50 s by default), and
+# before the time asked about for a claim (its statement may commit a little later).
+GRACE = 120.0
 
 
 @dataclass(frozen=True)
@@ -36,9 +42,9 @@ class Activity:
 def activity(ledger: Ledger, since: object = None) -> Activity:
     """The migrate runs now; with ``since`` (an earlier ``Activity.at``), a run with a
     chunk claimed after it counts as active (it may have written meanwhile)."""
-    active, at = ledger.active_runs(KIND, since)
+    active, at = ledger.active_runs(KIND, since, GRACE)
     latest = ledger.latest_run(KIND)
-    return Activity(latest, bool(latest and ledger.unfinished(latest)), active, at)
+    return Activity(latest, bool(latest and ledger.unfinished(latest, limit=1)), active, at)
 
 
 def waiting_for(ledger: Ledger, followed: str | None) -> str | None:
@@ -47,12 +53,11 @@ def waiting_for(ledger: Ledger, followed: str | None) -> str | None:
     act = activity(ledger)
     if act.latest is None:
         return None
-    if act.latest_open:
-        paused = ledger.run(act.latest)["paused"]
-        return f"migrate run {act.latest} ({'paused' if paused else 'running'})"
-    if act.active:
-        return f"migrate run {act.active[0]} (running)"
+    busy = act.latest if act.latest_open else (act.active[0] if act.active else None)
+    if busy is not None:
+        return f"migrate run {busy} ({'paused' if ledger.run(busy)['paused'] else 'running'})"
     if ledger.run(act.latest)["status"] == "failed":
-        return f"migrate run {act.latest} (failed: retry it)"
+        return (f"migrate run {act.latest} (failed: 'farm retry-failed --run {act.latest}' "
+                "or a new 'farm migrate')")
     return f"migrate run {act.latest} (done, not followed yet)" \
         if act.latest != followed else None
