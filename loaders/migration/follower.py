@@ -4,17 +4,17 @@ Any number of processes may run; the one holding the lease in the control databa
 (``farmcore.syncstate``) leads, the others wait to take over when it expires. The
 leader follows the latest ``farm migrate`` run once it has ended without a failed
 chunk, from the position that run recorded when it was planned (or the checkpoint of an
-earlier leader of the same run). A migration started, or any migrate run re-opened,
-while it follows makes it stop before its next apply and wait: a chunk and an apply
-that overlap may each write an older copy of a row over the other's newer one. When
-that run has ended, the leader follows the latest run from its own position (every
-change after it is applied again, after the chunks wrote); if the run began during an
-apply, that apply is not checkpointed and the next run is recorded from before it. It
-gathers row changes of whole transactions, applies them
-(``loaders.migration.sync``, fenced with the lease's token) and only then moves the
-checkpoint to the end of the last transaction applied: killed at any point, the next
-leader starts from a position whose every earlier change is applied, and applies
-again at most what came after it (harmless: applying is idempotent).
+earlier leader of the same run). A migration at work while it follows (``runwatch``)
+makes it stop before its next apply and wait: a chunk and an apply that overlap may
+each write an older copy of a row over the other's newer one. Then the leader follows
+the latest run from its own position (every change after it is applied again, after
+the chunks wrote); an apply a chunk may have overlapped, or that its leader never
+recorded, is applied again from where it began. It gathers row changes of whole
+transactions, applies them (``loaders.migration.sync``, fenced with the lease's token)
+and only then moves the checkpoint to the end of the last transaction applied: killed
+at any point, the next leader starts from a position whose every earlier change is
+applied, and applies again at most what came after it (harmless: applying is
+idempotent).
 """
 
 from __future__ import annotations
