@@ -153,6 +153,7 @@ STATEMENTS: list[str] = [
     # the checkpoint an apply started from, and its leader's fence, from the start of an
     # apply until that leader's checkpoint: the apply may not be recorded ('farm sync')
     "ALTER TABLE sync_state ADD COLUMN IF NOT EXISTS applying_from VARCHAR(1000) NULL, "
+    "ADD COLUMN IF NOT EXISTS applying_to VARCHAR(1000) NULL, "
     "ADD COLUMN IF NOT EXISTS applying_fence BIGINT NULL",
 ]
 

@@ -41,16 +41,18 @@ class SyncState:
             "WHERE name = %s AND fence = %s AND expires >= NOW(3)",
             (int(seconds * 1e6), ROW, fence)) == 1
 
-    def begin_apply(self, fence: int, seconds: float, start: str) -> bool:
-        """``renew``, and note that an apply from checkpoint ``start`` begins: until this
-        leader's next ``checkpoint`` it may be recorded nowhere (an earlier leader's note,
-        if any, is kept); ``False`` if the lease was lost."""
+    def begin_apply(self, fence: int, seconds: float, start: str, end: str) -> bool:
+        """``renew``, and note that an apply of the changes from checkpoint ``start`` to
+        ``end`` begins: until this leader's next ``checkpoint`` (or one at ``end`` or past
+        it) it may be recorded nowhere (an earlier leader's note, if any, is kept);
+        ``False`` if the lease was lost."""
         return self.pool.execute(
             "UPDATE sync_state SET expires = NOW(3) + INTERVAL %s MICROSECOND, "
             "applying_fence = IF(applying_from IS NULL, %s, applying_fence), "
+            "applying_to = IF(applying_from IS NULL, %s, applying_to), "
             "applying_from = IFNULL(applying_from, %s) "
             "WHERE name = %s AND fence = %s AND expires >= NOW(3)",
-            (int(seconds * 1e6), fence, start, ROW, fence)) == 1
+            (int(seconds * 1e6), fence, end, start, ROW, fence)) == 1
 
     def release(self, fence: int) -> None:
         """Give the lease up (a clean stop)."""
@@ -61,8 +63,8 @@ class SyncState:
                    applied: dict[str, int], anew: bool = False) -> bool:
         """Record that every event up to ``gtid`` is applied (with the per-table counts
         added), and that this leader's applies are recorded (or, ``anew``, every earlier
-        leader's too: ``gtid`` is where their applies began); ``False`` if ``fence`` no
-        longer leads."""
+        leader's too: ``gtid`` is where their applies began, or past where they ended);
+        ``False`` if ``fence`` no longer leads."""
         row = self.read()
         total = dict(row.get("applied") or {}) if row.get("run_id") == run_id else {}
         for table, n in applied.items():
@@ -76,7 +78,7 @@ class SyncState:
     def read(self) -> dict:
         """The row as a dict (empty before the first sync)."""
         cols = ("owner", "host", "fence", "expires", "run_id", "gtid", "event_time", "applied",
-                "checkpointed_at", "applying_from")
+                "checkpointed_at", "applying_from", "applying_to")
         rows = self.pool.query(f"SELECT {', '.join(cols)}, expires >= NOW(3) FROM sync_state "
                                "WHERE name = %s", (ROW,))
         if not rows:

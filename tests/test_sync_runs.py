@@ -139,6 +139,26 @@ def test_a_migration_at_work_during_an_apply_has_that_apply_made_again(
 
 
 @pytest.mark.slow
+def test_an_apply_killed_half_way_is_noted_until_made_again(
+        live, ledger, map_path, legacy_server, monkeypatch):  # noqa: F811
+    """A leader SIGKILLed inside an apply leaves a note of where it began; the next
+    leader's checkpoint past that apply's end clears it (else a later run would be
+    followed from that old position, maybe long purged)."""
+    _forget_position(ledger)
+    _migrate(live)
+    assert run_farm(live, "sync", "--until-caught-up", timeout=120).returncode == 0
+    load(legacy_server, ["UPDATE users SET full_name = 'killed inside' ORDER BY id LIMIT 1"])
+    monkeypatch.setenv("FARM_FAULT_MATCH", "chunk_fences` WHERE run_id")
+    assert faults.run_killed("sync", {"shardmap": str(map_path), "env": live}, 1) == -9
+    monkeypatch.delenv("FARM_FAULT_MATCH")
+    noted = ledger.sync_state.read()
+    assert noted["applying_from"] == noted["gtid"] and noted["applying_to"] is not None
+    ledger.pool.execute("UPDATE sync_state SET expires = NOW(3) - INTERVAL 1 SECOND")
+    assert run_farm(live, "sync", "--until-caught-up", timeout=120).returncode == 0
+    assert ledger.sync_state.read()["applying_from"] is None
+
+
+@pytest.mark.slow
 def test_an_older_run_holds_sync_up_only_while_it_works(
         live, settings, router, ledger, map_path, legacy_server, tmp_path,  # noqa: F811
         monkeypatch):

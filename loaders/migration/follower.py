@@ -153,7 +153,7 @@ class Follower:
         have read a row before this apply read it and written it after, or the other way
         round. Then the next run to follow is recorded with ``upto`` (the position before
         this apply), so the changes of this apply are applied again after that run."""
-        held = (self.ledger.sync_state.begin_apply(fence, LEASE_SECONDS, upto)
+        held = (self.ledger.sync_state.begin_apply(fence, LEASE_SECONDS, upto, mark.position)
                 if changes.rows() else self.ledger.sync_state.renew(fence, LEASE_SECONDS))
         if not held:
             raise FencedError(f"sync lease {fence} lost")
@@ -182,8 +182,10 @@ class Follower:
                 and state.get("run_id") == run["run_id"]:
             return True  # nothing new to record (a run followed anew is recorded at once)
         stamp = mark.timestamp or int(time.time())
+        past = state.get("applying_to") is not None and binlog.behind(  # an earlier leader's
+            mark.position, state["applying_to"]) == 0                   # apply, made again
         if not self.ledger.sync_state.checkpoint(fence, run["run_id"], mark.position, stamp,
-                                                 applied):
+                                                 applied, anew=past):
             raise FencedError(f"sync lease {fence} lost before its checkpoint")
         return True
 
