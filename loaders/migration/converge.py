@@ -57,9 +57,10 @@ class Stale:
         return len(self.objects) + len(self.mapped) + len(self.edges) + len(self.lookups)
 
 
-def expected_objects(target: TargetRows, type_id: int) -> dict[int, tuple[int, dict]]:
-    """New ID -> ``(legacy_id, document)`` of every object row ``target`` writes."""
-    return {ids.encode(shard, type_id, local): (legacy, loads(doc))
+def expected_objects(target: TargetRows, type_id: int) -> dict[int, tuple[int, str]]:
+    """New ID -> ``(legacy_id, document text)`` of every object row ``target`` writes (the
+    text is parsed only where a held slot is compared with it: most are new slots)."""
+    return {ids.encode(shard, type_id, local): (legacy, doc)
             for (shard, _), rows in target.objects.items() for local, doc, legacy in rows}
 
 
@@ -71,7 +72,7 @@ def stale_objects(table: LegacyTable, held: Held, target: TargetRows) -> Stale:
     for new, (legacy, doc) in held.slots.items():
         edges, looks = derived(table, new, doc)
         if new in want:
-            w_edges, w_looks = derived(table, new, want[new][1])
+            w_edges, w_looks = derived(table, new, loads(want[new][1]))
             out.edges |= edges - w_edges
             out.lookups |= looks - w_looks
         else:
@@ -91,9 +92,9 @@ def changed(target: TargetRows, held: Held, type_id: int) -> TargetRows:
     for this selection just before). Mapping rows and other lookups stay: they were not
     read, so a write killed half way is still completed."""
     out = TargetRows(mappings=target.mappings)
+    slots = held.slots
     for (shard, name), rows in target.objects.items():
-        keep = [r for r in rows if held.slots.get(ids.encode(shard, type_id, r[0]), (None,))[1:]
-                != (loads(r[1]),)]
+        keep = [r for r in rows if _differs(slots.get(ids.encode(shard, type_id, r[0])), r[1])]
         if keep:
             out.objects[(shard, name)] = keep
     for (b, name), rows in target.lookups.items():
@@ -102,6 +103,11 @@ def changed(target: TargetRows, held: Held, type_id: int) -> TargetRows:
         if keep:
             out.lookups[(b, name)] = keep
     return out
+
+
+def _differs(slot: tuple[int, dict] | None, doc: str) -> bool:
+    """Whether a held slot (``None``: none) is not the document ``doc`` (text)."""
+    return slot is None or slot[1] != loads(doc)
 
 
 def stale_links(held: dict[str, set[tuple[int, int]]], target: TargetRows) -> Stale:
