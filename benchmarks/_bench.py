@@ -26,7 +26,7 @@ import pymysql.cursors
 from redis import Redis
 from rq import Worker
 
-from benchmarks._server import ShardHostMariaDB, end_on_sigterm, settle
+from benchmarks._server import ShardHostMariaDB, end_on_sigterm, settle, table_opens
 from benchmarks._usage import Usage, cpu_seconds, workers_cpu, workers_peak
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
@@ -310,13 +310,15 @@ def timed_run(bench: Bench, workers: int, control: str, start: Callable[[Runtime
     try:
         with running_workers(bench, workers, control) as group:
             cpu = (cpu_seconds(bench.server.proc.pid), workers_cpu(group.pid))
+            opens = table_opens(bench.server)
             t = time.perf_counter()
             run_id = start(rt)
             wait_run(bench, run_id, control)
             seconds = time.perf_counter() - t
             if usage is not None:
                 usage.append(Usage(cpu_seconds(bench.server.proc.pid) - cpu[0],
-                                   workers_cpu(group.pid) - cpu[1], workers_peak(group.pid)))
+                                   workers_cpu(group.pid) - cpu[1], workers_peak(group.pid),
+                                   table_opens(bench.server) - opens))
             return run_id, seconds
     finally:
         rt.close()
@@ -382,12 +384,13 @@ def migrate(bench: Bench, workers: int, control: str,
                              sum(counts.values()), seconds), counts, usage[0])
 
 
-def with_bench(fn: Callable[[Bench], None]) -> None:
-    """Start the private server, run ``fn(bench)``, and always stop it and clean up."""
+def with_bench(fn: Callable[[Bench], None], **server_options: str) -> None:
+    """Start the private server (``server_options`` override its shard-host options), run
+    ``fn(bench)``, and always stop it and clean up."""
     end_on_sigterm()
     sys.stdout.reconfigure(line_buffering=True)
     rds = PrivateRedis.start()
-    server = ShardHostMariaDB.start_shard_host()
+    server = ShardHostMariaDB.start_shard_host(**server_options)
     bench = make_bench(server, rds)
     try:
         fn(bench)

@@ -103,6 +103,12 @@ def questions(server: PrivateMariaDB) -> tuple[int, int]:
     return int(got["Questions"]), int(got["Rows_read"])
 
 
+def table_opens(server: PrivateMariaDB) -> int:
+    """Tables the server has opened so far (``Opened_tables``: a table cache smaller than
+    the tables in use reopens them)."""
+    return int(server.sql("SHOW GLOBAL STATUS LIKE 'Opened_tables'")[0][1])
+
+
 def start_table_stats(server: PrivateMariaDB) -> None:
     """Count rows read per table from now on (MariaDB's ``userstat``)."""
     server.sql("SET GLOBAL userstat = 1")

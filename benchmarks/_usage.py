@@ -15,10 +15,12 @@ class Usage:
     server_cpu: float
     workers_cpu: float
     workers_peak_mib: float
+    table_opens: int | None = None  # tables the server opened meanwhile (``Opened_tables``)
 
     def __str__(self) -> str:
+        opens = "" if self.table_opens is None else f"; server table opens {self.table_opens:,}"
         return (f"CPU seconds: server {self.server_cpu:.1f}, workers {self.workers_cpu:.1f}; "
-                f"worker peak RSS {self.workers_peak_mib:.0f} MiB")
+                f"worker peak RSS {self.workers_peak_mib:.0f} MiB{opens}")
 
 
 def cpu_seconds(pid: int) -> float:

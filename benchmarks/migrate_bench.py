@@ -17,7 +17,10 @@ redis-server. Measured:
   workers' peak RSS (``--chunk-size`` sets the legacy rows per chunk; default the
   migration's own);
 - with ``--scale K`` (K > 1): K times the users, and only the 2-worker migration and
-  reference A (of the rows it wrote), the ratio printed the same way.
+  reference A (of the rows it wrote), the ratio printed the same way;
+- with ``--digests``: performance_schema on, and after the 2-worker migration and reference
+  A, where the server's statement time went, by statement shape (``benchmarks._digests``;
+  instrumenting slows the server, so that run's ratios are not the ones to quote).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import shutil
 import time
 from collections.abc import Iterable
 
+from benchmarks import _digests
 from benchmarks._bench import (
     BUCKETS,
     CHUNK_SIZE,
@@ -111,14 +115,22 @@ def references(bench: Bench, w2: Migration) -> tuple[Measure, Measure]:
     return load, insert_rows(bench, sample)
 
 
-def run_scaled(bench: Bench, users: int, chunk_rows: int) -> None:
+def run_scaled(bench: Bench, users: int, chunk_rows: int, digests: bool = False) -> None:
     """K times the users: the 2-worker migration against LOAD DATA of the rows it wrote."""
+    if digests:
+        _digests.reset(bench.server)
     w2 = migrate(bench, 2, "farm_control_w2", chunk_rows)
+    if digests:
+        _digests.report("migrate W=2", bench.server)
     into = bench.workdir / "dump"
     into.mkdir()
     say("dumping the W=2 target, then the LOAD DATA reference")
     files, _sample = dump(bench, w2.counts, into)
+    if digests:
+        _digests.reset(bench.server)
     load = load_data(bench, files)
+    if digests:
+        _digests.report("LOAD DATA reference", bench.server)
     shutil.rmtree(into, ignore_errors=True)
     print(f"\n{'measurement':<68} {'rows':>10} {'seconds':>9} {'rows/s':>10}")
     for m in (w2.legacy, w2.target, load):
@@ -138,14 +150,14 @@ def print_server_side(w2: Migration, load: Measure) -> None:
           "workers' CPU on other machines")
 
 
-def run(bench: Bench, users: int, scale: int, chunk_rows: int) -> None:
+def run(bench: Bench, users: int, scale: int, chunk_rows: int, digests: bool = False) -> None:
     """The whole benchmark on a started server."""
     say("farm shards init")
     bench.farm("shards", "init")
     legacy, gen_seconds = generate(bench, users * scale)
     print_header(bench, users * scale, legacy, gen_seconds, chunk_rows)
     if scale > 1:
-        run_scaled(bench, users * scale, chunk_rows)
+        run_scaled(bench, users * scale, chunk_rows, digests)
         return
     w1 = migrate(bench, 1, "farm_control_w1", chunk_rows)
     w2 = migrate(bench, 2, "farm_control_w2", chunk_rows)
@@ -168,8 +180,13 @@ def main(argv: Iterable[str] | None = None) -> None:
                     help="K times the users: W=2 and LOAD DATA only (e.g. 10)")
     ap.add_argument("--chunk-size", type=int, default=CHUNK_SIZE, metavar="R",
                     help=f"legacy rows per chunk (default {CHUNK_SIZE:,})")
+    ap.add_argument("--digests", action="store_true",
+                    help="with --scale: also where the server's statement time went "
+                         "(performance_schema on: not a run to quote ratios from)")
     args = ap.parse_args(None if argv is None else list(argv))
-    with_bench(lambda bench: run(bench, args.users, args.scale, args.chunk_size))
+    options = _digests.SERVER_OPTIONS if args.digests else {}
+    with_bench(lambda bench: run(bench, args.users, args.scale, args.chunk_size,
+                                 args.digests), **options)
 
 
 if __name__ == "__main__":
