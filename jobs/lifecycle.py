@@ -28,7 +28,6 @@ from farmcore.ledger import ClaimRefused, Lease, Outcome
 from jobs import throttle
 from jobs.dispatch import dispatch_later
 from jobs.runtime import Runtime
-from shardfarm import collector
 from shardfarm import log as farm_log
 from shardfarm.errors import ChunkTimeoutError, FatalError, FencedError
 from shardfarm.retry import backoff
@@ -133,7 +132,7 @@ def _run(rt: Runtime, run: dict, ctx: ChunkContext, timeouts: int) -> str:
     lease = ctx.lease
     try:
         handler = rt.policy.load_handler(run["params"]["handler"])
-        with Renewer(ctx), collector.held_off():
+        with Renewer(ctx):
             outcome = handler(ctx, **lease.args) or ctx.outcome
             ctx.check()
         outcome = outcome if isinstance(outcome, Outcome) else ctx.outcome

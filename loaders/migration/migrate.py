@@ -23,6 +23,7 @@ from loaders.migration.present import Selection
 from loaders.migration.spec import ORDER, SPEC, LegacyTable, legacy_key
 from loaders.migration.verdicts import Resolver, Verdict, Verdicts, user_placement
 from loaders.migration.writer import write_all
+from shardfarm import collector
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.mysql.inlist import IN_LIST_MAX
 from shardfarm.settings import Settings
@@ -168,8 +169,9 @@ def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     of the target what those rows no longer imply (``loaders.migration.converge``)."""
     def record(bad: list) -> None:
         ctx.ledger.quarantine.record(ctx.lease, bad)
-    return load_selection(ctx.router, ctx.token, process_state(ctx), ctx.params, table,
-                          Selection(lo, hi), record, ctx.check)
+    with collector.held_off():  # a chunk's rows form no cycles: see shardfarm.collector
+        return load_selection(ctx.router, ctx.token, process_state(ctx), ctx.params, table,
+                              Selection(lo, hi), record, ctx.check)
 
 
 def load_selection(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
