@@ -2,8 +2,9 @@
 
 A migration chunk builds hundreds of thousands of small dicts and tuples that live until
 it ends and form no cycles; the collector would rescan them again and again as they pile
-up (its full collections run each time the surviving objects grew by a quarter). Reference counting
-still frees everything as usual; what the collector would find is found after the chunk.
+up (its full collections run each time the surviving objects grew by a quarter).
+Reference counting still frees everything as usual; what the collector would find is
+found after the chunk.
 Measured on a 10x migration, 100k-row chunks: workers' CPU 53.9 s -> 49.9 s. Only where
 measured: other chunk kinds (an export's S3 client, say) may make cycles of their own.
 """
