@@ -91,7 +91,7 @@ class Follower:
         if run["params"].get("binlog_pos") is None:
             raise ConfigError(f"migrate run {run_id} recorded no binlog position (the legacy "
                               "server had no binary log then): run 'farm migrate' again")
-        if act.latest_open or act.active:
+        if act.busy is not None:
             return None
         if run["status"] == "failed":
             raise ConfigError(
@@ -133,9 +133,10 @@ class Follower:
                 changes = sync.Changes()
                 mark = feed.take(changes, BATCH_ROWS)
                 act = runwatch.activity(self.ledger)
-                if act.blocker(run["run_id"]) is not None:
+                blocker = act.blocker(run["run_id"])
+                if blocker is not None:
                     log.info("migrate run %s is at work or new: sync waits until no "
-                             "migration writes", act.blocker(run["run_id"]))
+                             "migration writes", blocker)
                     return False
                 if not self._flush(readers, fence, token, run, changes, mark, upto, act.at):
                     return False
@@ -164,10 +165,10 @@ class Follower:
         if lost.is_set():
             raise FencedError(f"sync lease {fence} lost during an apply")
         act = runwatch.activity(self.ledger, since)  # a chunk claimed since the check
-        if act.blocker(run["run_id"]) is not None:
+        blocker = act.blocker(run["run_id"])
+        if blocker is not None:
             log.info("migrate run %s may have written during this apply: it is not "
-                     "recorded, and is applied again once no migration writes",
-                     act.blocker(run["run_id"]))
+                     "recorded, and is applied again once no migration writes", blocker)
             was = self.ledger.sync_state.read().get("event_time") or 0
             if not self.ledger.sync_state.checkpoint(fence, act.latest or run["run_id"], upto,
                                                      was, {}):

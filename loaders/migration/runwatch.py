@@ -31,12 +31,20 @@ class Activity:
     active: list[str]  # runs with a chunk leased (or claimed since the time asked about)
     at: object  # the control database's time when this was read
 
+    @property
+    def busy(self) -> str | None:
+        """A run a migration writes for: the latest while it has chunks to run, else one
+        with a chunk at work; ``None`` when no migration writes."""
+        if self.latest_open:
+            return self.latest
+        return self.active[0] if self.active else None
+
     def blocker(self, followed: str | None) -> str | None:
         """The run to wait for before following ``followed`` (or applying for it);
         ``None`` when ``followed`` is the latest run, ended, and no migration writes."""
-        if self.latest is not None and (self.latest != followed or self.latest_open):
+        if self.latest is not None and self.latest != followed:
             return self.latest
-        return self.active[0] if self.active else None
+        return self.busy
 
 
 def activity(ledger: Ledger, since: object = None) -> Activity:
@@ -53,7 +61,7 @@ def waiting_for(ledger: Ledger, followed: str | None) -> str | None:
     act = activity(ledger)
     if act.latest is None:
         return None
-    busy = act.latest if act.latest_open else (act.active[0] if act.active else None)
+    busy = act.busy
     if busy is not None:
         return f"migrate run {busy} ({'paused' if ledger.run(busy)['paused'] else 'running'})"
     if ledger.run(act.latest)["status"] == "failed":
