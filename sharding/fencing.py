@@ -11,6 +11,10 @@ aborts with ``ShardFrozenError`` while a move freezes the shard, or with
 ``StaleMapError`` when it was routed with a shard map older than the version
 that last moved the shard. A chunk routes with the map it started with (its
 stamp), so a worker with a stale map can never write to a shard's old home.
+
+Both checks also come queued (``queue_check``, ``queue_check_map``) for a pipeline
+(``shardfarm.mysql.pipeline``): the statements are the same, sent with the writes they
+guard, and judged before the commit, so a refused write is rolled back unseen.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardfarm.errors import FencedError, ShardFrozenError, StaleMapError
+from shardfarm.mysql.pipeline import Pipeline
 from sharding.schema import shard_table
 
 
@@ -30,30 +35,48 @@ class FenceToken:
     fence: int
 
 
+def _fence_statements(shard: int, token: FenceToken) -> list[tuple[str, tuple]]:
+    """Record ``token`` (keeping the highest fence), then read the fence, locked."""
+    q = shard_table(shard, "chunk_fences")
+    key = (token.run_id, token.chunk_id)
+    return [(f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, %s, %s)"
+             " ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
+             (*key, token.fence)),
+            (f"SELECT fence FROM {q} WHERE run_id = %s AND chunk_id = %s FOR UPDATE", key)]
+
+
+def _judge_fence(current: int, token: FenceToken) -> None:
+    if current > token.fence:
+        raise FencedError(f"chunk {token.chunk_id} of run {token.run_id} was taken over "
+                          f"(fence {token.fence} < {current}); this write is refused")
+
+
 def check(cur, shard: int, token: FenceToken | None) -> None:
     """Inside a shard transaction: record ``token`` and raise ``FencedError`` if it is stale.
     The fence is read with a locking read, as it is now: a consistent read would see the
     transaction's snapshot, which misses a fence raised (or first written) after it."""
     if token is None:
         return
-    q = shard_table(shard, "chunk_fences")
-    cur.execute(f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, %s, %s)"
-                " ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
-                (token.run_id, token.chunk_id, token.fence))
-    cur.execute(f"SELECT fence FROM {q} WHERE run_id = %s AND chunk_id = %s FOR UPDATE",
-                (token.run_id, token.chunk_id))
-    current = cur.fetchone()[0]
-    if current > token.fence:
-        raise FencedError(f"chunk {token.chunk_id} of run {token.run_id} was taken over "
-                          f"(fence {token.fence} < {current}); this write is refused")
+    for sql, params in _fence_statements(shard, token):
+        cur.execute(sql, params)
+    _judge_fence(cur.fetchone()[0], token)
 
 
-def check_map(cur, shard: int, map_version: int) -> None:
-    """Inside a shard transaction: share-lock the shard's state and refuse the write if the
-    shard is frozen for a move or was moved by a map newer than ``map_version``."""
-    cur.execute(f"SELECT map_version, frozen FROM {shard_table(shard, 'shard_state')} "
-                "WHERE id = 1 LOCK IN SHARE MODE")
-    row = cur.fetchone()
+def queue_check(pipe: Pipeline, shard: int, token: FenceToken | None) -> None:
+    """``check`` queued in a pipeline: judged before the transaction commits."""
+    if token is None:
+        return
+    record, read = _fence_statements(shard, token)
+    pipe.add(*record)
+    pipe.add(*read, check=lambda res: _judge_fence(res.rows[0][0], token))
+
+
+def _map_statement(shard: int) -> str:
+    return (f"SELECT map_version, frozen FROM {shard_table(shard, 'shard_state')} "
+            "WHERE id = 1 LOCK IN SHARE MODE")
+
+
+def _judge_map(row: tuple | None, shard: int, map_version: int) -> None:
     if row is None:
         return
     if row[1]:
@@ -61,6 +84,19 @@ def check_map(cur, shard: int, map_version: int) -> None:
     if map_version < row[0]:
         raise StaleMapError(f"shard {shard} was moved by shard map version {row[0]}; this "
                             f"write was routed with version {map_version} and is refused")
+
+
+def check_map(cur, shard: int, map_version: int) -> None:
+    """Inside a shard transaction: share-lock the shard's state and refuse the write if the
+    shard is frozen for a move or was moved by a map newer than ``map_version``."""
+    cur.execute(_map_statement(shard))
+    _judge_map(cur.fetchone(), shard, map_version)
+
+
+def queue_check_map(pipe: Pipeline, shard: int, map_version: int) -> None:
+    """``check_map`` queued in a pipeline: judged before the transaction commits."""
+    pipe.add(_map_statement(shard), check=lambda res: _judge_map(
+        res.rows[0] if res.rows else None, shard, map_version))
 
 
 def set_state(cur, shard: int, map_version: int, frozen: bool) -> None:

@@ -7,7 +7,8 @@ unreachable server only within FARM_CONNECT_TIMEOUT).
 
 Connections are plain by default. A caller that needs a capability asks for it
 and gets a connection from a separate pool: ``infile=True`` for ``LOAD DATA LOCAL
-INFILE`` (the shard writer), ``multi=True`` for multi-statements (the mod writer).
+INFILE`` (the shard writer), ``multi=True`` for multi-statements (the mod writer, and
+the shard writer's pipelined groups).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pymysql.cursors
 
 from shardfarm.errors import StaleMapError
 from shardfarm.mysql.dsn import Host
+from shardfarm.mysql.pipeline import Pipeline
 from shardfarm.mysql.pool import Pool, retried
 from shardfarm.retry import TRANSIENT, RetryPolicy
 from sharding import fencing
@@ -150,12 +152,18 @@ class Router:
             out += [group[i:i + size] for i in range(0, len(group), size)]
         return out
 
-    def run_group(self, shards: list[int], fn: Callable[[pymysql.cursors.Cursor, int], None],
-                  policy: RetryPolicy | None = None, *, infile: bool = False) -> None:
+    def run_group(self, shards: list[int], fn: Callable[..., None],
+                  policy: RetryPolicy | None = None, *,
+                  infile: bool = False, pipelined: bool = False) -> None:
         """``fn(cursor, shard)`` for each of ``shards`` (one server's, ``server_groups``) in
         ascending order, all in one transaction on their master, retried as a whole; each
         shard is checked first as ``run`` checks it. One commit for many shards. If the map
-        changed so that they no longer share a server, each shard gets its own ``run``."""
+        changed so that they no longer share a server, each shard gets its own transaction.
+
+        ``pipelined=True``: ``fn(pipeline, shard)`` queues each shard's statements in one
+        ``Pipeline`` after the shard's check (a connection allowed multi-statements), so
+        the whole group takes a few round trips, not a few per shard.
+        """
         routed: list[int] = [0]
 
         def connect() -> AbstractContextManager[pymysql.Connection]:
@@ -163,17 +171,33 @@ class Router:
             routed[0] = m.version
             if len({m.master(s).server for s in shards}) > 1:
                 raise _Regroup
-            return self.connection(m.master(shards[0]), infile=infile)
+            return self.connection(m.master(shards[0]), infile=infile, multi=pipelined)
 
         def guarded(cur: pymysql.cursors.Cursor) -> None:
             for shard in shards:
                 self._check_map(cur, shard, routed[0])
                 fn(cur, shard)
+
+        def queued(cur: pymysql.cursors.Cursor) -> None:
+            pipe = Pipeline(cur)
+            for shard in shards:
+                fencing.queue_check_map(pipe, shard, routed[0])
+                fn(pipe, shard)
+            try:
+                pipe.flush()
+            except StaleMapError:
+                self.source.refresh()
+                raise
         try:
-            retried(connect, guarded, transaction=True, policy=policy or self.policy)
+            retried(connect, queued if pipelined else guarded, transaction=True,
+                    policy=policy or self.policy)
         except _Regroup:
             for shard in shards:
-                self.run(shard, lambda cur, s=shard: fn(cur, s), policy=policy, infile=infile)
+                if pipelined:
+                    self.run_group([shard], fn, policy, pipelined=True)
+                else:
+                    self.run(shard, lambda cur, s=shard: fn(cur, s), policy=policy,
+                             infile=infile)
 
     def run_mod(self, bucket: int, fn: Callable[[pymysql.cursors.Cursor], T],
                 policy: RetryPolicy | None = None, *, multi: bool = False) -> T:

@@ -1,5 +1,6 @@
 """Least privilege on connections: only the shard writer may send files (LOAD DATA LOCAL),
-only the mod writer may send multi-statements, and a rogue server reads nothing.
+only the writers may send multi-statements, never on a connection that may send files,
+and a rogue server reads nothing.
 
 A tiny fake MySQL server (handshake, OK for any login, then a ``LOCAL INFILE``
 request naming a secret file as the answer to every query) plays the
@@ -193,9 +194,19 @@ def test_plain_pooled_connections_refuse_load_data_and_multi_statements(router):
         assert cur.fetchall() == ((1,),) and cur.nextset() and cur.fetchall() == ((2,),)
 
 
-def test_the_writers_still_load_data(router):
+def test_no_connection_allows_both_files_and_multi_statements(router):
+    """A statement smuggled into a batch must never be able to make the client send a file."""
+    with pytest.raises(ValueError, match="not both"), \
+            router.connection(router.host_for(SHARDS_A[0]), infile=True, multi=True):
+        pass
+
+
+@pytest.mark.parametrize("insert_rows", [1000, 0], ids=["pipelined", "infile"])
+def test_the_writers_still_load_data(router, insert_rows, monkeypatch):
+    from loaders.migration import writer
     from loaders.migration.build import TargetRows
     from loaders.migration.writer import write_all
+    monkeypatch.setattr(writer, "INSERT_ROWS", insert_rows)
     shard, bucket = SHARDS_A[0], 3
     rows = TargetRows()
     rows.mappings[(shard, "pin_has_comments")] = [(4242, 4343, 7), (4242, 4344, 8)]

@@ -235,13 +235,17 @@ def test_each_chunk_allocates_with_its_own_router(rt, settings, router, map_path
     assert len({new_id(router, "board", b) for b in (BIG, BIG + 1)} - {None}) == 2
 
 
+@pytest.mark.parametrize("insert_rows", [1000, 0], ids=["insert", "infile"])
 @pytest.mark.parametrize("appeared", ["own", "foreign"])
-def test_a_slot_filled_between_survey_and_write(router, appeared):
+def test_a_slot_filled_between_survey_and_write(router, appeared, insert_rows, monkeypatch):
     """A row lands in a slot the survey saw empty (a predecessor of the same chunk, or a
-    hand edit): the writer replaces its own row, and refuses (retryable) to touch another."""
+    hand edit): the writer replaces its own row, and refuses (retryable) to touch another,
+    whether the rows go as an INSERT or as a file."""
+    from loaders.migration import writer
     from loaders.migration.build import TargetRows
     from loaders.migration.claims import SlotChangedError
     from loaders.migration.writer import write_shards
+    monkeypatch.setattr(writer, "INSERT_ROWS", insert_rows)
     from tests.conftest import SHARDS_B
     shard, local = SHARDS_B[0] + 6, 4321
     q = shard_table(shard, "pins")

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loaders.migration.build import TargetRows
+from loaders.migration.present import union_read
 from shardfarm.errors import RetryableError
 from shardfarm.mysql.inlist import IN_LIST_MAX
+from shardfarm.mysql.pipeline import Pipeline
 from sharding.ids import FIRST_ALLOCATED
 from sharding.router import Router
 from sharding.schema import shard_table
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
 
 IN_BATCH = IN_LIST_MAX
 DENSE = 8  # keys spanning at most this many slots each are read as one range
-HOLDER = "SELECT local_id, JSON_VALUE(data, '$.legacy_id'), JSON_EXISTS(data, '$.allocating')"
+HOLDING = "local_id, JSON_VALUE(data, '$.legacy_id'), JSON_EXISTS(data, '$.allocating')"
+HOLDER = f"SELECT {HOLDING}"
 TAKEN = "local_id_taken"
 
 
@@ -60,52 +63,69 @@ class Survey:
     held: dict[tuple[int, str], set[int]] = field(default_factory=lambda: defaultdict(set))
 
 
-def _holders(router: Router, shard: int, q: str, locals_: list[int]) -> list[tuple]:
-    """``(local_id, holder, placeholder)`` of the stored rows among ``locals_``: the
-    legacy half as one range when its keys are dense (a chunk's slots there are a range of
-    its keys), else by key like the rest (sync's keys are scattered over the table)."""
-    host = router.host_for(shard)
+def _conditions(locals_: list[int]) -> list[tuple[str, list]]:
+    """Conditions reading the slots ``locals_`` of one table: the legacy half as one range
+    when its keys are dense (a chunk's slots there are a range of its keys), else by key
+    like the rest (sync's keys are scattered over the table), ``IN_BATCH`` keys a read."""
     small = [x for x in locals_ if x < FIRST_ALLOCATED]
     big = sorted(x for x in locals_ if x >= FIRST_ALLOCATED)
-    out: list[tuple] = []
+    out: list[tuple[str, list]] = []
     if small and max(small) - min(small) < DENSE * len(small):
-        out += router.query(host, f"{HOLDER} FROM {q} WHERE local_id BETWEEN %s AND %s",
-                            (min(small), max(small)), shard)
+        out.append(("local_id BETWEEN %s AND %s", [min(small), max(small)]))
     elif small:
         big = sorted(small) + big
     for i in range(0, len(big), IN_BATCH):
         part = big[i:i + IN_BATCH]
-        out += router.query(host, f"{HOLDER} FROM {q} WHERE local_id IN "
-                            f"({','.join(['%s'] * len(part))})", part, shard)
+        out.append((f"local_id IN ({','.join(['%s'] * len(part))})", part))
     return out
 
 
 def survey(router: Router, target: TargetRows) -> Survey:
     """Read the slots every object row of ``target`` wants (no locks: the writer
-    re-checks the ones it overwrites)."""
+    re-checks the ones it overwrites), one ``UNION ALL`` read per group of shard tables
+    on one server (with thousands of shards, a read each was a round trip each)."""
+    tables = sorted(target.objects.items())
+    parts = [(shard, f"SELECT {i}, {HOLDING} FROM {shard_table(shard, name)} "
+              f"WHERE {cond}", params)
+             for i, ((shard, name), rows) in enumerate(tables)
+             for cond, params in _conditions([r[0] for r in rows])]
+    found = union_read(router, list(range(len(parts))), lambda n: router.host_for(parts[n][0]),
+                       lambda n: parts[n][1:])
+    wants = [{local: legacy for local, _, legacy in rows} for _, rows in tables]
     out = Survey()
-    for (shard, name), rows in sorted(target.objects.items()):
-        want = {local: legacy for local, _, legacy in rows}
-        for local, holder, placeholder in _holders(router, shard, shard_table(shard, name),
-                                                   list(want)):
-            if local not in want:
-                continue
-            if owns(local, want[local], holder, placeholder):
-                out.held[(shard, name)].add(local)
-            else:
-                out.taken[want[local]] = describe(shard, local, holder)
+    for i, local, holder, placeholder in found:
+        (shard, name), want = tables[i][0], wants[i]
+        if local not in want:
+            continue
+        if owns(local, want[local], holder, placeholder):
+            out.held[(shard, name)].add(local)
+        else:
+            out.taken[want[local]] = describe(shard, local, holder)
     return out
+
+
+def _lock_statements(q: str, keys: list[int]) -> list[tuple[str, list]]:
+    return [(f"{HOLDER} FROM {q} WHERE local_id IN ({','.join(['%s'] * len(part))}) FOR UPDATE",
+             part) for part in (keys[i:i + IN_BATCH] for i in range(0, len(keys), IN_BATCH))]
+
+
+def _judge_owned(shard: int, want: dict[int, int], found: list[tuple] | tuple) -> None:
+    for local, holder, placeholder in found:
+        if not owns(local, want[local], holder, placeholder):
+            raise SlotChangedError(f"{describe(shard, local, holder)} since the survey")
 
 
 def confirm_owned(cur: Cursor, shard: int, q: str, rows: list[tuple]) -> None:
     """Inside the write transaction: lock the slots of ``rows`` (``(local, data, legacy)``)
     and raise ``SlotChangedError`` unless each is empty or held by its own row."""
     want = {local: legacy for local, _, legacy in rows}
-    keys = sorted(want)
-    for i in range(0, len(keys), IN_BATCH):
-        part = keys[i:i + IN_BATCH]
-        cur.execute(f"{HOLDER} FROM {q} WHERE local_id IN ({','.join(['%s'] * len(part))}) "
-                    "FOR UPDATE", part)
-        for local, holder, placeholder in cur.fetchall():
-            if not owns(local, want[local], holder, placeholder):
-                raise SlotChangedError(f"{describe(shard, local, holder)} since the survey")
+    for sql, params in _lock_statements(q, sorted(want)):
+        cur.execute(sql, params)
+        _judge_owned(shard, want, cur.fetchall())
+
+
+def queue_confirm_owned(pipe: Pipeline, shard: int, q: str, rows: list[tuple]) -> None:
+    """``confirm_owned`` queued in a pipeline: judged before the transaction commits."""
+    want = {local: legacy for local, _, legacy in rows}
+    for sql, params in _lock_statements(q, sorted(want)):
+        pipe.add(sql, params, check=lambda res: _judge_owned(shard, want, res.rows))

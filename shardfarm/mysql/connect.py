@@ -109,8 +109,12 @@ def open_connection(where: Where, password: str, *, tls: dict | None = None,
     """A utf8mb4 connection to ``where``, within ``timeout`` (default FARM_CONNECT_TIMEOUT).
 
     ``infile`` allows ``LOAD DATA LOCAL INFILE`` and ``multi`` multi-statements: only the
-    shard writer asks for them. ``read_timeout``/``write_timeout`` apply once connected.
+    writers ask for them, and never both at once (a statement smuggled into a batch could
+    then make the client send a file). ``read_timeout``/``write_timeout`` apply once
+    connected.
     """
+    if infile and multi:
+        raise ValueError("a connection allows LOCAL INFILE or multi-statements, not both")
     budget = timeout or connect_timeout()
     for key in ("ssl_ca", "ssl_cert", "ssl_key"):
         if (tls or {}).get(key) and not os.access(tls[key], os.R_OK):

@@ -2,9 +2,9 @@
 
 Connections are utf8mb4 and autocommit by default (transactions are explicit).
 They are plain unless the pool is asked for a capability: ``infile`` (``LOAD DATA
-LOCAL INFILE``, for the shard writer) or ``multi`` (multi-statements, for the mod
-writer's round trips); a server can never read a file through any other
-connection. Each session has a short ``wait_timeout`` (``IDLE_TIMEOUT``): a worker
+LOCAL INFILE``, for the shard writer) or ``multi`` (multi-statements, for the writers'
+pipelined round trips), never both; a server can never read a file through any
+other connection. Each session has a short ``wait_timeout`` (``IDLE_TIMEOUT``): a worker
 frozen or cut off in the middle of a transaction has it rolled back by the server
 within that time, so the row locks it held (its chunk's fence row, the rows it was
 writing) do not block the worker that took its chunk over. The pool never hands

@@ -1,0 +1,97 @@
+"""Statements of one transaction sent together, their results judged before it commits.
+
+With thousands of shards a chunk writes a few rows to each, and a round trip per
+statement, not the rows, set its time. A ``Pipeline`` lives inside one transaction on a
+connection allowed multi-statements: ``add`` queues a statement (its parameters bound
+by the driver) with an optional check of its result; ``flush`` sends the queue in as few
+round trips as ``MAX_CHARS`` allows, reads every result, and only then runs the checks,
+in order. A check that raises aborts the transaction before its commit (the caller
+rolls back), so a statement sent after the one a check guards is never committed
+either: the guard holds as if each statement had waited for the one before. Work that
+needs checked results (``then``) runs after the checks, on the same cursor and
+transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pymysql.cursors import Cursor
+
+MAX_CHARS = 1 << 20  # SQL per round trip: 4 MB at most, well below max_allowed_packet
+
+
+@dataclass(frozen=True)
+class Result:
+    """One statement's outcome: rows affected (or returned) and the rows it returned."""
+
+    rowcount: int
+    rows: tuple[tuple, ...]
+
+
+Check = Callable[[Result], None]
+
+
+class Pipeline:
+    """Queued statements of the transaction open on ``cur`` (multi-statements allowed)."""
+
+    def __init__(self, cur: Cursor, max_chars: int = MAX_CHARS) -> None:
+        self.cur = cur
+        self.max_chars = max_chars
+        self._queue: list[tuple[str, Check | None]] = []
+        self._then: list[Callable[[Cursor], None]] = []
+
+    def add(self, sql: str, params: tuple | list | None = None, check: Check | None = None
+            ) -> None:
+        """Queue ``sql`` with ``params``; ``check(result)`` runs at ``flush``, after every
+        queued statement has run, and may raise to abort the transaction."""
+        self._queue.append((self.cur.mogrify(sql, params), check))
+
+    def then(self, fn: Callable[[Cursor], None]) -> None:
+        """Run ``fn(cursor)`` at the end of ``flush``, once every check has passed (a check
+        may call this: what it found decides what else the transaction does)."""
+        self._then.append(fn)
+
+    def flush(self) -> None:
+        """Send the queue, read every result, run the checks in order, then ``then``'s."""
+        queue, self._queue = self._queue, []
+        results: list[Result] = []
+        for batch in _batches([sql for sql, _ in queue], self.max_chars):
+            results += _run(self.cur, batch)
+        for (_, check), result in zip(queue, results, strict=True):
+            if check is not None:
+                check(result)
+        while self._then:
+            self._then.pop(0)(self.cur)
+
+
+def _batches(sqls: list[str], max_chars: int) -> Iterator[list[str]]:
+    """``sqls`` in order, in runs of at most ``max_chars`` (a longer statement goes alone)."""
+    batch: list[str] = []
+    size = 0
+    for sql in sqls:
+        if batch and size + len(sql) > max_chars:
+            yield batch
+            batch, size = [], 0
+        batch.append(sql)
+        size += len(sql) + 2
+    if batch:
+        yield batch
+
+
+def _run(cur: Cursor, sqls: list[str]) -> list[Result]:
+    """``sqls`` as one round trip; every result, read (an error raises at its statement,
+    and the server runs none after it)."""
+    cur.execute(";\n".join(sqls))
+    out = [_result(cur)]
+    while cur.nextset():
+        out.append(_result(cur))
+    return out
+
+
+def _result(cur: Cursor) -> Result:
+    rows = tuple(cur.fetchall()) if cur.description else ()
+    return Result(cur.rowcount, rows)
