@@ -13,8 +13,8 @@ that last moved the shard. A chunk routes with the map it started with (its
 stamp), so a worker with a stale map can never write to a shard's old home.
 
 Both checks also come queued (``queue_check``, ``queue_check_map``) for a pipeline
-(``shardfarm.mysql.pipeline``): the statements are the same, sent with the writes they
-guard, and judged before the commit, so a refused write is rolled back unseen.
+(``shardfarm.mysql.pipeline``): the statements are the same, sent as the pipeline's
+guards and judged before any write they guard is sent.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ def check(cur, shard: int, token: FenceToken | None) -> None:
 
 
 def queue_check(pipe: Pipeline, shard: int, token: FenceToken | None) -> None:
-    """``check`` queued in a pipeline: judged before the transaction commits."""
+    """``check`` queued in a pipeline as a guard: judged before its writes are sent."""
     if token is None:
         return
     record, read = _fence_statements(shard, token)
-    pipe.add(*record)
-    pipe.add(*read, check=lambda res: _judge_fence(res.rows[0][0], token))
+    pipe.add(*record, guard=True)
+    pipe.add(*read, check=lambda res: _judge_fence(res.rows[0][0], token), guard=True)
 
 
 def _map_statement(shard: int) -> str:
@@ -94,9 +94,9 @@ def check_map(cur, shard: int, map_version: int) -> None:
 
 
 def queue_check_map(pipe: Pipeline, shard: int, map_version: int) -> None:
-    """``check_map`` queued in a pipeline: judged before the transaction commits."""
+    """``check_map`` queued in a pipeline as a guard: judged before its writes are sent."""
     pipe.add(_map_statement(shard), check=lambda res: _judge_map(
-        res.rows[0] if res.rows else None, shard, map_version))
+        res.rows[0] if res.rows else None, shard, map_version), guard=True)
 
 
 def set_state(cur, shard: int, map_version: int, frozen: bool) -> None:

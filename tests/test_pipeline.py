@@ -156,3 +156,63 @@ def test_only_groups_of_small_tables_are_pipelined(router, clean, monkeypatch):
     assert sorted(calls, key=str) == sorted([{"infile": True}, {"pipelined": True}], key=str)
     assert [_count(router, s) for s in [*GROUP, SHARDS_B[0] + 1]] == [2, 2, 1]
 
+
+
+def test_a_refused_guard_sends_nothing_it_guards(router, clean):
+    """Guards go first and are judged before anything else is sent: a statement that would
+    fail if it ran is never sent once a guard refused (a zombie's writes never run, so they
+    hold no lock of the heir's rows either)."""
+    heir = fencing.FenceToken("t-guard", 4, 2)
+    router.run(GROUP[1], lambda cur: fencing.check(cur, GROUP[1], heir))
+
+    def fn(pipe: Pipeline, shard: int) -> None:
+        fencing.queue_check(pipe, shard, fencing.FenceToken("t-guard", 4, 1))
+        pipe.add(*_insert(shard, 1))
+        pipe.add("SELECT no_such_column FROM " + shard_table(shard, TABLE))
+    with pytest.raises(FencedError, match="taken over"):
+        router.run_group(GROUP, fn, ONCE, pipelined=True)
+    assert [_count(router, s) for s in GROUP] == [0, 0]
+
+
+def test_guards_are_judged_first_whatever_the_order_they_were_added_in(router, clean):
+    seen: list = []
+    host = router.host_for(GROUP[0])
+    with router.transaction(host, multi=True) as cur:
+        pipe = Pipeline(cur)
+        pipe.add(*_insert(GROUP[0], 2), check=lambda r: seen.append(("write", r.rowcount)))
+        pipe.add(f"SELECT COUNT(*) FROM {shard_table(GROUP[0], TABLE)}",
+                 check=lambda r: seen.append(("guard", r.rows)), guard=True)
+        pipe.flush()
+    assert seen == [("guard", ((0,),)), ("write", 2)]
+
+
+def test_a_few_large_documents_are_not_pipelined_but_loaded_from_a_file(router, clean,
+                                                                       monkeypatch):
+    """Documents of 500,000 characters, a few more than fit in the server's
+    ``max_allowed_packet``: one statement of them would be refused, so the group takes a
+    file however few rows it has, and every document arrives whole."""
+    calls: list[dict] = []
+    real = router.run_group
+
+    def spy(shards, fn, policy=None, **kw):
+        calls.append(kw)
+        return real(shards, fn, policy, **kw)
+    monkeypatch.setattr(router, "run_group", spy)
+    shard, size = GROUP[0], 500_000
+    (packet,), = router.query(router.host_for(shard), "SELECT @@max_allowed_packet", (), shard)
+    n = packet // size + 2
+    assert n <= writer.INSERT_ROWS
+    first = 1 << 34  # slots no other test uses: only these are counted and removed
+    rows = TargetRows()
+    rows.objects[(shard, "pins")] = [(i, f'{{"legacy_id": {i}, "details": "{"q" * size}"}}', i)
+                                     for i in range(first, first + n)]
+    q, mine = shard_table(shard, "pins"), f"local_id BETWEEN {first} AND {first + n}"
+    try:
+        writer.write_shards(router, None, rows, threads=1)
+        stored = router.query(router.host_for(shard), "SELECT COUNT(*), SUM(CHAR_LENGTH("
+                              f"JSON_VALUE(data, '$.details'))) FROM {q} WHERE {mine}", (),
+                              shard)
+    finally:
+        router.run(shard, lambda cur: cur.execute(f"DELETE FROM {q} WHERE {mine}"))
+    assert calls == [{"infile": True}]
+    assert [tuple(map(int, r)) for r in stored] == [(n, n * size)]

@@ -125,7 +125,7 @@ def confirm_owned(cur: Cursor, shard: int, q: str, rows: list[tuple]) -> None:
 
 
 def queue_confirm_owned(pipe: Pipeline, shard: int, q: str, rows: list[tuple]) -> None:
-    """``confirm_owned`` queued in a pipeline: judged before the transaction commits."""
+    """``confirm_owned`` queued in a pipeline as a guard: judged before the writes."""
     want = {local: legacy for local, _, legacy in rows}
     for sql, params in _lock_statements(q, sorted(want)):
-        pipe.add(sql, params, check=lambda res: _judge_owned(shard, want, res.rows))
+        pipe.add(sql, params, check=lambda res: _judge_owned(shard, want, res.rows), guard=True)

@@ -6,11 +6,12 @@ the chunk's fencing token is checked on that shard, in one transaction with up t
 ``GROUP_SHARDS`` shards of the same server (one commit for all: with 4,096 shards a chunk
 touches most of them, and a commit each was a quarter of its time), on connections
 allowed ``LOCAL INFILE`` (no other connection is): running it twice leaves the same
-rows. A table getting ``INSERT_ROWS`` rows at most gets one multi-row ``INSERT``
-instead (no file, one round trip less), and a group whose tables all do is pipelined
+rows. A table getting a few small rows (``INSERT_ROWS`` rows and ``INSERT_CHARS``
+characters of documents at most) gets one multi-row ``INSERT`` instead (no file, one
+round trip less), and a group whose tables all do is pipelined
 (``shardfarm.mysql.pipeline``, on connections allowed multi-statements, never files):
-its checks and writes go in a few round trips and are judged before the commit.
-Mapping rows are loaded with ``REPLACE`` (a row's key is its
+its fence, shard-state and slot checks go first and are judged before its writes are
+sent, a few round trips in all. Mapping rows are loaded with ``REPLACE`` (a row's key is its
 owner). An object row never replaces a row it does not own (``loaders.migration.claims``):
 slots the chunk's survey found empty are loaded with ``IGNORE``, and only slots
 locked and confirmed as the row's own (or all of them, if an ``IGNORE`` skipped
@@ -50,7 +51,8 @@ GROUP_SHARDS = 128  # shards of one server written in one transaction (one commi
 COLUMNS = {"object": "(local_id, data, active)", "mapping": "(from_id, to_id, sequence)"}
 LOAD_MODES = {"REPLACE": "REPLACE", "IGNORE": "IGNORE"}
 INSERT_MODES = {"REPLACE": "REPLACE", "IGNORE": "INSERT IGNORE"}
-INSERT_ROWS = 200  # a shard table's rows up to this many go as an INSERT, not a file
+INSERT_ROWS = 200  # a shard table's rows up to this many go as an INSERT, not a file,
+INSERT_CHARS = 1 << 18  # if their documents hold this many characters at most (see _as_insert)
 
 MOD_UPSERT = {
     # Small legacy IDs (below 2**35) map by a pure function (the latest placement wins); a
@@ -76,12 +78,20 @@ def _tsv_backslash_escaped(kind: str, rows: list[tuple]) -> str:
 
 def load_rows(cur: Cursor, q: str, kind: str, rows: list[tuple], mode: str = "REPLACE") -> int:
     """Inside a shard transaction: ``rows`` into ``q`` (``kind`` is ``object`` or
-    ``mapping``) with ``REPLACE`` (or ``IGNORE``); returns the rows affected. Up to
-    ``INSERT_ROWS`` rows go as one multi-row statement, more as ``LOAD DATA LOCAL INFILE``
-    (the connection must allow ``LOCAL INFILE``)."""
-    if len(rows) <= INSERT_ROWS:
+    ``mapping``) with ``REPLACE`` (or ``IGNORE``); returns the rows affected. A few small
+    rows (``_as_insert``) go as one multi-row statement, others as ``LOAD DATA LOCAL
+    INFILE`` (the connection must allow ``LOCAL INFILE``)."""
+    if _as_insert(kind, rows):
         return _insert_rows(cur, q, kind, rows, mode)
     return load_text(cur, q, kind, _tsv_backslash_escaped(kind, rows), mode)
+
+
+def _as_insert(kind: str, rows: list[tuple]) -> bool:
+    """Whether ``rows`` go as one statement: ``INSERT_ROWS`` rows at most, whose documents
+    hold ``INSERT_CHARS`` characters at most. Escaped, a statement is then under 2 MiB,
+    far below any server's ``max_allowed_packet``; ``LOAD DATA`` streams any size."""
+    return len(rows) <= INSERT_ROWS and (
+        kind != "object" or sum(len(r[1]) for r in rows) <= INSERT_CHARS)
 
 
 def _insert_rows(cur: Cursor, q: str, kind: str, rows: list[tuple], mode: str) -> int:
@@ -136,7 +146,7 @@ def _load_objects(cur: Cursor, shard: int, table: str, rows: list[tuple], held: 
 
 def _queue_objects(pipe: Pipeline, shard: int, table: str, rows: list[tuple], held: set[int]
                    ) -> None:
-    """``_load_objects`` queued in a pipeline (rows of ``INSERT_ROWS`` at most): the
+    """``_load_objects`` queued in a pipeline (rows ``_as_insert`` takes): the
     ``IGNORE``'s count is judged when it flushes, and if it skipped a slot, every slot is
     confirmed and replaced then, in the same transaction."""
     q = shard_table(shard, table)
@@ -157,7 +167,7 @@ def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
                  held: dict[tuple[int, str], set[int]] | None = None) -> None:
     """Objects and mapping rows, fenced, in one transaction per group of shards on one
     server (``Router.server_groups``: one commit for up to ``GROUP_SHARDS`` shards), a few
-    groups at a time. A group whose tables each get ``INSERT_ROWS`` rows at most (a
+    groups at a time. A group whose tables each get a few small rows (``_as_insert``: a
     chunk spread over thousands of shards) is pipelined: a few round trips in all.
 
     ``held``: per shard table, the slots the chunk's survey found held by their own row.
@@ -189,7 +199,7 @@ def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
                                             "REPLACE"))
 
     def small(group: list[int]) -> bool:
-        return all(len(items) <= INSERT_ROWS for s in group for _, _, items in per_shard[s])
+        return all(_as_insert(kind, items) for s in group for _, kind, items in per_shard[s])
     groups = router.server_groups(list(per_shard), threads, GROUP_SHARDS)
     run_parallel([(partial(router.run_group, g, queued, pipelined=True),) if small(g) else
                   (partial(router.run_group, g, one, infile=True),)  # infile: the only
