@@ -241,3 +241,22 @@ def test_pool_never_reuses_a_connection_left_in_a_transaction_or_after_an_error(
         session("START TRANSACTION", "SELECT * FROM no_such_table_here")
     assert session("SELECT CONNECTION_ID()")[0] != second
     p.close()
+
+
+def test_pool_sessions_are_repeatable_read_whatever_the_servers_default():
+    """A writer that locks a slot it found empty relies on REPEATABLE READ's gap lock to keep
+    another row out of it: a server set to READ COMMITTED still gets such sessions."""
+    from shardfarm.mysql import pool
+    from shardfarm.mysql.dsn import Host
+    from tests.servers import PrivateMariaDB
+    server = PrivateMariaDB.launch({"innodb-buffer-pool-size": "32M",
+                                    "transaction-isolation": "READ-COMMITTED"})
+    try:
+        assert server.sql("SELECT @@global.tx_isolation") == [("READ-COMMITTED",)]
+        p = pool.Pool(Host("rc", server.host, server.port, "root"), size=1)
+        with p.connection() as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@session.tx_isolation")
+            assert cur.fetchone() == ("REPEATABLE-READ",)
+        p.close()
+    finally:
+        server.stop()

@@ -8,9 +8,12 @@ other connection. Each session has a short ``wait_timeout`` (``IDLE_TIMEOUT``): 
 frozen or cut off in the middle of a transaction has it rolled back by the server
 within that time, so the row locks it held (its chunk's fence row, the rows it was
 writing) do not block the worker that took its chunk over. The pool never hands
-out a connection idle that long. PyMySQL errors are translated into the
-``FarmError`` tree (``shardfarm.mysql.connect``), naming the host, its server and the
-shard but never bind values or passwords.
+out a connection idle that long. Every session is REPEATABLE READ whatever the
+server's default: a writer that locks a slot it found empty (``FOR UPDATE``) relies
+on the gap lock that level takes to keep another row out of it until it commits.
+PyMySQL errors are translated into the ``FarmError`` tree
+(``shardfarm.mysql.connect``), naming the host, its server and the shard but never
+bind values or passwords.
 
 Every query the farm retries goes through ``retried`` (``Pool.query``, ``execute``,
 ``executemany`` and ``run`` on one pool; the router's per-shard work on a host looked
@@ -47,6 +50,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 IDLE_TIMEOUT = 30  # seconds; a session's idle limit on the server (see the module docstring)
+REPEATABLE_READ = "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ"  # MySQL and MariaDB
 CONNECTION_LOST = frozenset({2006, 2013, 1927, 1053, 4031, 2014, 2055})
 
 
@@ -68,10 +72,20 @@ class Pool:
         self._pid = os.getpid()
 
     def _connect(self) -> pymysql.Connection:
-        return open_connection(self.where, self.host.password, tls=self.host.tls_args(),
+        conn = open_connection(self.where, self.host.password, tls=self.host.tls_args(),
                                infile=self.infile, multi=self.multi,
                                timeout=self.connect_timeout, autocommit=True,
                                init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}")
+        try:
+            with conn.cursor() as cur:  # whatever the server's default (module docstring)
+                cur.execute(REPEATABLE_READ)
+        except pymysql.MySQLError as exc:
+            _close_quietly(conn)
+            raise translate(exc, self.where) from None
+        except BaseException:
+            _close_quietly(conn)
+            raise
+        return conn
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
