@@ -65,7 +65,10 @@ def expected_objects(target: TargetRows, type_id: int) -> dict[int, tuple[int, s
 
 
 def stale_objects(table: LegacyTable, held: Held, target: TargetRows) -> Stale:
-    """What an object table's selection must lose, given what its valid rows write."""
+    """What an object table's selection must lose, given what its valid rows write (nothing
+    when the target holds nothing for it: a first load skips comparing every row)."""
+    if not held.slots and not held.mapped:
+        return Stale()
     want = expected_objects(target, ids.TYPES[table.type_name])
     valid = {legacy: new for new, (legacy, _) in want.items()}
     out = Stale()
@@ -90,7 +93,10 @@ def changed(target: TargetRows, held: Held, type_id: int) -> TargetRows:
     """``target`` without what the target already holds as it is: object rows whose active
     slot has the same document, ``legacy_id_map`` rows naming the same new ID (each read
     for this selection just before). Mapping rows and other lookups stay: they were not
-    read, so a write killed half way is still completed."""
+    read, so a write killed half way is still completed. When the target holds nothing
+    for the selection (a first load), that is ``target`` itself."""
+    if not held.slots and not held.mapped:
+        return target
     out = TargetRows(mappings=target.mappings)
     slots = held.slots
     for (shard, name), rows in target.objects.items():
