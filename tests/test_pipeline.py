@@ -140,8 +140,9 @@ def _set_state(router, shard: int, version: int) -> None:
         fencing.set_state(cur, shard, version, False)
 
 
-def test_only_groups_of_small_tables_are_pipelined(router, clean, monkeypatch):
-    """A group with a table over ``INSERT_ROWS`` rows loads files as before."""
+def _spy_groups(router, monkeypatch) -> list[dict]:
+    """The keyword arguments of every ``run_group`` call from now on (``pipelined`` or
+    ``infile``), the calls still made."""
     calls: list[dict] = []
     real = router.run_group
 
@@ -149,6 +150,12 @@ def test_only_groups_of_small_tables_are_pipelined(router, clean, monkeypatch):
         calls.append(kw)
         return real(shards, fn, policy, **kw)
     monkeypatch.setattr(router, "run_group", spy)
+    return calls
+
+
+def test_only_groups_of_small_tables_are_pipelined(router, clean, monkeypatch):
+    """A group with a table over ``INSERT_ROWS`` rows loads files as before."""
+    calls = _spy_groups(router, monkeypatch)
     monkeypatch.setattr(writer, "INSERT_ROWS", 1)
     rows = _small_rows(GROUP)
     rows.mappings[(SHARDS_B[0] + 1, TABLE)] = [(1, 9, 1)]
@@ -191,13 +198,7 @@ def test_a_few_large_documents_are_not_pipelined_but_loaded_from_a_file(router, 
     """Documents of 500,000 characters, a few more than fit in the server's
     ``max_allowed_packet``: one statement of them would be refused, so the group takes a
     file however few rows it has, and every document arrives whole."""
-    calls: list[dict] = []
-    real = router.run_group
-
-    def spy(shards, fn, policy=None, **kw):
-        calls.append(kw)
-        return real(shards, fn, policy, **kw)
-    monkeypatch.setattr(router, "run_group", spy)
+    calls = _spy_groups(router, monkeypatch)
     shard, size = GROUP[0], 500_000
     (packet,), = router.query(router.host_for(shard), "SELECT @@max_allowed_packet", (), shard)
     n = packet // size + 2
