@@ -1,6 +1,7 @@
 """End-to-end ``farm migrate`` throughput against references measured in the same run.
 
-Usage: ``python -m benchmarks.migrate_bench [--users N] [--scale K] [--chunk-size R]``.
+Usage: ``python -m benchmarks.migrate_bench [--users N] [--scale K [--repeat N]]
+[--chunk-size R]``.
 
 Everything runs on one private mariadbd configured like a shard host (legacy,
 control database, 16 shards on two host names, 4096 mod buckets) and a private
@@ -17,7 +18,8 @@ redis-server. Measured:
   workers' peak RSS (``--chunk-size`` sets the legacy rows per chunk; default the
   migration's own);
 - with ``--scale K`` (K > 1): K times the users, and only the 2-worker migration and
-  reference A (of the rows it wrote), the ratio printed the same way;
+  reference A (of the rows it wrote), the ratio printed the same way; ``--repeat N``
+  measures N such pairs and prints their median ratio;
 - with ``--digests``: performance_schema on, and after the 2-worker migration and reference
   A, where the server's statement time went, by statement shape (``benchmarks._digests``;
   instrumenting slows the server, so that run's ratios are not the ones to quote).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import time
 from collections.abc import Iterable
 
@@ -115,8 +118,9 @@ def references(bench: Bench, w2: Migration) -> tuple[Measure, Measure]:
     return load, insert_rows(bench, sample)
 
 
-def run_scaled(bench: Bench, users: int, chunk_rows: int, digests: bool = False) -> None:
-    """K times the users: the 2-worker migration against LOAD DATA of the rows it wrote."""
+def run_scaled(bench: Bench, users: int, chunk_rows: int, digests: bool = False) -> float:
+    """K times the users: the 2-worker migration against LOAD DATA of the rows it wrote;
+    returns the ratio."""
     if digests:
         _digests.reset(bench.server)
     w2 = migrate(bench, 2, "farm_control_w2", chunk_rows)
@@ -137,8 +141,10 @@ def run_scaled(bench: Bench, users: int, chunk_rows: int, digests: bool = False)
         print(fmt_row(m))
     print(f"migrate W=2: {w2.usage}")
     print_server_side(w2, load)
+    ratio = w2.target.rate / load.rate
     print(f"ratio (target rows/s, {users:,} users): migration(W=2)/LOAD DATA = "
-          f"{w2.target.rate / load.rate:.2f} (goal >= 0.75)")
+          f"{ratio:.2f} (goal >= 0.75)")
+    return ratio
 
 
 def print_server_side(w2: Migration, load: Measure) -> None:
@@ -150,14 +156,18 @@ def print_server_side(w2: Migration, load: Measure) -> None:
           "workers' CPU on other machines")
 
 
-def run(bench: Bench, users: int, scale: int, chunk_rows: int, digests: bool = False) -> None:
-    """The whole benchmark on a started server."""
+def run(bench: Bench, users: int, scale: int, chunk_rows: int, digests: bool = False,
+        repeat: int = 1) -> None:
+    """The whole benchmark on a started server (``repeat``: pairs of the scaled run)."""
     say("farm shards init")
     bench.farm("shards", "init")
     legacy, gen_seconds = generate(bench, users * scale)
     print_header(bench, users * scale, legacy, gen_seconds, chunk_rows)
     if scale > 1:
-        run_scaled(bench, users * scale, chunk_rows, digests)
+        ratios = [run_scaled(bench, users * scale, chunk_rows, digests) for _ in range(repeat)]
+        if repeat > 1:
+            print(f"ratios of {repeat} pairs: {', '.join(f'{r:.2f}' for r in ratios)}; "
+                  f"median {statistics.median(ratios):.2f} (goal >= 0.75)")
         return
     w1 = migrate(bench, 1, "farm_control_w1", chunk_rows)
     w2 = migrate(bench, 2, "farm_control_w2", chunk_rows)
@@ -183,10 +193,15 @@ def main(argv: Iterable[str] | None = None) -> None:
     ap.add_argument("--digests", action="store_true",
                     help="with --scale: also where the server's statement time went "
                          "(performance_schema on: not a run to quote ratios from)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="with --scale: N pairs of migration and reference, and their median "
+                         "ratio (single runs here vary by 10-20%%)")
     args = ap.parse_args(None if argv is None else list(argv))
+    if args.repeat < 1 or (args.repeat > 1 and args.scale < 2):
+        ap.error("--repeat takes a number of at least 1, and more than 1 only with --scale")
     options = _digests.SERVER_OPTIONS if args.digests else {}
     with_bench(lambda bench: run(bench, args.users, args.scale, args.chunk_size,
-                                 args.digests), **options)
+                                 args.digests, args.repeat), **options)
 
 
 if __name__ == "__main__":
