@@ -164,7 +164,6 @@ def test_only_groups_of_small_tables_are_pipelined(router, clean, monkeypatch):
     assert [_count(router, s) for s in [*GROUP, SHARDS_B[0] + 1]] == [2, 2, 1]
 
 
-
 def test_a_refused_guard_sends_nothing_it_guards(router, clean):
     """Guards go first and are judged before anything else is sent: a statement that would
     fail if it ran is never sent once a guard refused (a zombie's writes never run, so they

@@ -67,7 +67,7 @@ def expected_objects(target: TargetRows, type_id: int) -> dict[int, tuple[int, s
 def stale_objects(table: LegacyTable, held: Held, target: TargetRows) -> Stale:
     """What an object table's selection must lose, given what its valid rows write (nothing
     when the target holds nothing for it: a first load skips comparing every row)."""
-    if not held.slots and not held.mapped:
+    if held.empty():
         return Stale()
     want = expected_objects(target, ids.TYPES[table.type_name])
     valid = {legacy: new for new, (legacy, _) in want.items()}
@@ -95,7 +95,7 @@ def changed(target: TargetRows, held: Held, type_id: int) -> TargetRows:
     for this selection just before). Mapping rows and other lookups stay: they were not
     read, so a write killed half way is still completed. When the target holds nothing
     for the selection (a first load), that is ``target`` itself."""
-    if not held.slots and not held.mapped:
+    if held.empty():
         return target
     out = TargetRows(mappings=target.mappings)
     slots = held.slots

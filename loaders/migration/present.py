@@ -90,6 +90,10 @@ class Held:
     slots: dict[int, tuple[int, dict]] = field(default_factory=dict)
     mapped: dict[int, int] = field(default_factory=dict)
 
+    def empty(self) -> bool:
+        """Whether the target holds nothing for the selection (a first load)."""
+        return not self.slots and not self.mapped
+
 
 def union_read(router: Router, numbers: list[int], host_of: Callable,
                part: Callable[[int], tuple[str, list]]) -> list[tuple]:
