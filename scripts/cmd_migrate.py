@@ -18,18 +18,22 @@ from workers import launch
 @click.command("migrate")
 @click.option("--chunk-size", default=migration.DEFAULT_CHUNK_ROWS, show_default=True,
               type=click.IntRange(min=1), help="Legacy rows per chunk.")
+@click.option("--slice-size", default=migration.DEFAULT_SLICE_ROWS, show_default=True,
+              type=click.IntRange(min=1),
+              help="Legacy rows a worker holds at once (a chunk is loaded slice by slice).")
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
 @MAX_LAG
 @AS_JSON
 @farm_options
-def migrate(app: App, chunk_size: int, wait: bool, max_lag: float | None,
-            as_json: bool) -> None:
+def migrate(app: App, chunk_size: int, slice_size: int, wait: bool,
+            max_lag: float | None, as_json: bool) -> None:
     """Load the whole legacy database into the shards as one resumable run.
 
     Prints {"run_id", "status", "loaded", "quarantined", "failed_chunks"} as the
     last line (at once without --wait). Workers ('farm workers') do the loading.
     """
-    run_id = launch.migrate(app.runtime, chunk_size, notice=note, max_lag=max_lag)
+    run_id = launch.migrate(app.runtime, chunk_size, notice=note, max_lag=max_lag,
+                            slice_rows=slice_size)
     finish(app, run_id, wait, as_json)
 
 

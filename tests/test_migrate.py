@@ -35,7 +35,10 @@ def migrated(farm_env, settings, router, ledger, server_b, map_path):
     generated = last_json(out.stdout)
     workers = start_workers({**farm_env, "FARM_LEASE_SECONDS": "10"}, 2)
     try:
-        out = run_farm(farm_env, "migrate", "--chunk-size", "700", "--wait", timeout=600)
+        # chunks of two or three slices (the second full run below is not sliced, and must
+        # find nothing to change)
+        out = run_farm(farm_env, "migrate", "--chunk-size", "700", "--slice-size", "300",
+                       "--wait", timeout=600)
         assert out.returncode == 0, out.stderr + out.stdout + run_farm(farm_env, "failed").stdout
         yield {"summary": last_json(out.stdout), "generated": generated, "workers": workers}
     finally:
@@ -172,6 +175,65 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
         rt.close()
 
 
+@pytest.mark.slow
+def test_sliced_chunk_killed_between_slices_then_rerun_matches_a_clean_run(
+        migrated, settings, server_b, router, monkeypatch):
+    """Killed once its first slice's shard rows are written and before any of its mod-bucket
+    rows (written once, at the end of the chunk), a chunk's second attempt converges."""
+    import time
+
+    from jobs import lifecycle
+    from jobs.runtime import Runtime
+    from loaders.migration import migrate as migration
+    from loaders.migration import writer
+
+    rt = Runtime(settings.with_(redis_url=settings.redis_url))
+    try:
+        params, chunks = migration.plan(settings, rt.router, rt.ledger, 900, 300)
+        params["handler"] = migration.HANDLER
+        pin_chunk = next(i for i, c in enumerate(chunks)
+                         if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
+        truncate_target(server_b.port)
+        _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks),
+                        len(chunks))
+        clean = checksums(server_b.port)
+        truncate_target(server_b.port)
+        run_id = rt.ledger.create_run("migrate", "none", params, chunks)
+        real, written = writer.write_shards, []
+
+        def die_at_second_slice(router_, token, rows, **kw):
+            if written:
+                raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
+            real(router_, token, rows, **kw)
+            written.append(rows)
+        monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
+        monkeypatch.setattr(writer, "write_shards", die_at_second_slice)
+        with pytest.raises(KeyboardInterrupt):
+            lifecycle.execute(rt, run_id, pin_chunk)
+        monkeypatch.setattr(writer, "write_shards", real)
+        (shard, name), objects = next(iter(written[0].objects.items()))
+        (bucket, _), maps = next((k, [r for r in v if r[1] < 1 << 35])  # not allocated
+                                 for k, v in written[0].lookups.items()
+                                 if k[1] == "legacy_id_map" and any(r[1] < 1 << 35 for r in v))
+        assert _count(router.run, shard, f"`db{shard:05d}`.`{name}`", "local_id",
+                      [r[0] for r in objects]) == len(objects)
+        assert _count(router.run_mod, bucket, f"`mod{bucket:05d}`.`legacy_id_map`",
+                      "legacy_id", [r[1] for r in maps]) == 0
+        time.sleep(1.2)  # the dead attempt's lease expires
+        _run_all_inline(rt, run_id, len(chunks))
+        assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
+        assert rt.ledger.refresh_status(run_id) == "done"
+        assert checksums(server_b.port) == clean
+    finally:
+        rt.close()
+
+
+def _count(run, where: int, table: str, col: str, keys: list) -> int:
+    marks = ",".join(["%s"] * len(keys))
+    return run(where, lambda cur: (cur.execute(
+        f"SELECT COUNT(*) FROM {table} WHERE {col} IN ({marks})", keys), cur.fetchone())[1])[0]
+
+
 def test_sweep_temp_deletes_only_old_load_files(tmp_path, monkeypatch):
     """A worker SIGKILLed during LOAD DATA leaves its temp file; the next supervisor on the
     machine deletes such files once they are old, and nothing else."""
@@ -207,3 +269,20 @@ def test_sweep_temp_deletes_the_fresh_file_of_a_killed_writer(tmp_path, monkeypa
         child.wait()
         assert infile.sweep_temp(3600) == 1
         assert sorted(p.name for p in tmp_path.iterdir()) == [os.path.basename(mine)]
+
+
+def test_slices_group_into_chunks_of_at_most_chunk_rows():
+    from loaders.migration.migrate import chunk_args, covering, selections, sliced
+    ranges = covering([(5, 9, 3), (12, 20, 3), (21, 30, 3), (31, 40, 8), (41, 50, 2)])
+    parts = sliced(ranges, 6)
+    assert [[n for _, _, n in p] for p in parts] == [[3, 3], [3], [8], [2]]
+    args = [chunk_args("pins", p) for p in parts]
+    assert args[0] == {"table": "pins", "lo": 0, "hi": 20, "slices": [[0, 11], [12, 20]]}
+    assert args[1] == {"table": "pins", "lo": 21, "hi": 30}  # one slice: no "slices"
+    assert args[-1]["hi"] == (1 << 64) - 1
+    # every key in exactly one slice, in order, and the slices of a chunk cover its range
+    flat = [s for a in args for s in (a.get("slices") or [[a["lo"], a["hi"]]])]
+    assert all(b[0] == a[1] + 1 for a, b in zip(flat, flat[1:]))
+    assert [(s.lo, s.hi) for s in selections(**{k: v for k, v in args[0].items()
+                                                 if k != "table"})] == [(0, 11), (12, 20)]
+    assert [(s.lo, s.hi) for s in selections(21, 30, None)] == [(21, 30)]

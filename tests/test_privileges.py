@@ -206,13 +206,13 @@ def test_no_connection_allows_both_files_and_multi_statements(router):
 def test_the_writers_still_load_data(router, insert_rows, monkeypatch):
     from loaders.migration import writer
     from loaders.migration.build import TargetRows
-    from loaders.migration.writer import write_all
     monkeypatch.setattr(writer, "INSERT_ROWS", insert_rows)
     shard, bucket = SHARDS_A[0], 3
     rows = TargetRows()
     rows.mappings[(shard, "pin_has_comments")] = [(4242, 4343, 7), (4242, 4344, 8)]
     rows.lookups[(bucket, "username_to_user")] = [("priv-test-user", 4242)]
-    write_all(router, None, rows)
+    writer.write_shards(router, None, rows)
+    writer.write_mod(router, rows)
     q = shard_table(shard, "pin_has_comments")
     got = router.run(shard, lambda cur: (cur.execute(
         f"SELECT to_id FROM {q} WHERE from_id = 4242 ORDER BY to_id"), cur.fetchall())[1])

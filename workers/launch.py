@@ -52,10 +52,11 @@ def _ready(rt: Runtime, notice: Notice) -> None:
 
 
 def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
-            notice: Notice = _silent, max_lag: float | None = None) -> str:
+            notice: Notice = _silent, max_lag: float | None = None,
+            slice_rows: int = migration.DEFAULT_SLICE_ROWS) -> str:
     """Start the load of the whole legacy database into the shards as one run."""
     _ready(rt, notice)
-    params, chunks = migration.plan(rt.settings, rt.router, rt.ledger, chunk_rows)
+    params, chunks = migration.plan(rt.settings, rt.router, rt.ledger, chunk_rows, slice_rows)
     return runs.start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag))
 
 
@@ -75,8 +76,9 @@ def start_verify(rt: Runtime, of: dict, extra: dict | None = None) -> str:
     ``extra`` is added to the run's params (the demo's tag).
     """
     p = of["params"]
-    _, chunks = migration.plan(rt.settings, rt.router, rt.ledger, p["chunk_rows"])
-    params = {k: p[k] for k in ("open_shards", "kinds", "chunk_rows")}
+    _, chunks = migration.plan(rt.settings, rt.router, rt.ledger, p["chunk_rows"],
+                               p.get("slice_rows", p["chunk_rows"]))
+    params = {k: p[k] for k in ("open_shards", "kinds", "chunk_rows", "slice_rows") if k in p}
     return runs.start(rt, "verify", verifier.HANDLER, chunks,
                       {**params, "of_run": of["run_id"], **(extra or {})})
 

@@ -1,28 +1,32 @@
 """``farm migrate``: plan chunks of the legacy tables and load one chunk at a time.
 
 A chunk is a range of a legacy table's first key column holding about
-``chunk_rows`` rows. Loading it: read the rows, judge them (fetching what they
-reference), quarantine the bad ones with their reason, build objects, forward
-mapping rows and mod-shard lookups, and write them grouped by destination.
+``chunk_rows`` rows, cut into consecutive *slices* of about ``slice_rows`` rows (a
+worker holds one slice at a time). Loading a slice: read its rows, judge them
+(fetching what they reference), build objects, forward mapping rows and mod-shard
+lookups, and write its shard rows grouped by destination. The mod-shard lookups of
+every slice are written once at the end of the chunk: an object chunk writes to every
+one of the 4,096 mod buckets, so a statement per bucket per chunk, not per slice
+(then the bad rows are quarantined with their reason and what is stale is removed).
 Chunks run in any order, any number of times, with the same result.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
-from loaders.migration import binlog, claims, converge, present
+from loaders.migration import binlog, claims, converge, present, writer
 from loaders.migration.build import Builder, TargetRows
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.newids import IdCache, NewIds
 from loaders.migration.present import Selection
 from loaders.migration.spec import ORDER, SPEC, LegacyTable, legacy_key
 from loaders.migration.verdicts import Resolver, Verdict, Verdicts, user_placement
-from loaders.migration.writer import write_all
 from shardfarm import collector
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.mysql.inlist import IN_LIST_MAX
@@ -32,32 +36,63 @@ from sharding.fencing import FenceToken
 from sharding.router import Router
 
 HANDLER = "loaders.migration.migrate.load_chunk"
-# Every chunk of an object table reads and writes each mod bucket (4,096 of them) once, so
-# rows per chunk set rows per statement: 100k rows put ~25 lookups in each. Measured with
-# 2 workers at 10x (2M legacy rows): 62.0 s at 100k, 72.0 s at 50k, 63.7 s at 200k; server
-# CPU 52.4 s, 60.5 s, 48.4 s; a worker's peak memory 423, 310, 641 MiB. At 1x, 0.60x
-# LOAD DATA at 100k against 0.56x at 50k.
-DEFAULT_CHUNK_ROWS = 100_000
+# Every chunk of an object table writes each mod bucket (4,096 of them) once, so rows per
+# chunk set rows per statement: 100k rows put ~25 lookups in each, and those statements were
+# a fifth of the server's time at 10x. Slices keep a worker's memory that of 100k rows.
+DEFAULT_CHUNK_ROWS = 400_000
+DEFAULT_SLICE_ROWS = 100_000
 IN_BATCH = IN_LIST_MAX
 PAIR_BATCH = 500
 KEY_LIMIT = (1 << 64) - 1
 
 
 def plan(settings: Settings, router: Router, ledger: Ledger,
-         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> tuple[dict, list[ChunkSpec]]:
+         chunk_rows: int = DEFAULT_CHUNK_ROWS, slice_rows: int = DEFAULT_SLICE_ROWS
+         ) -> tuple[dict, list[ChunkSpec]]:
     """Run parameters and chunks of a migration of the whole legacy database."""
     if chunk_rows < 1:
         raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
+    if slice_rows < 1:
+        raise UsageError(f"--slice-size must be at least 1, got {slice_rows}")
     reader = LegacyReader(settings.legacy_dsn)
     try:
         binlog_pos = binlog.followable_position(reader)  # before any row is read
-        chunks = [ChunkSpec(t, {"table": t, "lo": lo, "hi": hi}, rows=n)
-                  for t in ORDER for lo, hi, n in covering(reader.plan(SPEC[t], chunk_rows))]
+        chunks = [ChunkSpec(t, chunk_args(t, part), rows=sum(n for _, _, n in part))
+                  for t in ORDER for part in sliced(
+                      covering(reader.plan(SPEC[t], min(chunk_rows, slice_rows))), chunk_rows)]
     finally:
         reader.close()
     params = {"open_shards": _open_shards(router, ledger), "chunk_rows": chunk_rows,
-              "kinds": list(ORDER), "binlog_pos": binlog_pos}
+              "slice_rows": slice_rows, "kinds": list(ORDER), "binlog_pos": binlog_pos}
     return params, chunks
+
+
+def sliced(ranges: list[tuple[int, int, int]], chunk_rows: int
+           ) -> list[list[tuple[int, int, int]]]:
+    """Consecutive ``(lo, hi, rows)`` slices grouped into chunks of ``chunk_rows`` rows at
+    most (a slice holding more is a chunk of its own)."""
+    out: list[list[tuple[int, int, int]]] = []
+    n = 0
+    for r in ranges:
+        if not out or n + r[2] > chunk_rows:
+            out.append([])
+            n = 0
+        out[-1].append(r)
+        n += r[2]
+    return out
+
+
+def chunk_args(table: str, part: list[tuple[int, int, int]]) -> dict:
+    """A chunk's handler arguments: its key range and, if it has several, its slices."""
+    args = {"table": table, "lo": part[0][0], "hi": part[-1][1]}
+    if len(part) > 1:
+        args["slices"] = [[lo, hi] for lo, hi, _ in part]
+    return args
+
+
+def selections(lo: int, hi: int, slices: list[list[int]] | None) -> list[Selection]:
+    """A chunk's slices as selections (the whole range if it has none)."""
+    return [Selection(a, b) for a, b in (slices or [[lo, hi]])]
 
 
 def covering(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -164,14 +199,16 @@ def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver):
             for m in spec.mappings}
 
 
-def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
-    """Chunk handler: load legacy rows ``lo..hi`` of ``table`` into the shards and take out
-    of the target what those rows no longer imply (``loaders.migration.converge``)."""
+def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int,
+               slices: list[list[int]] | None = None) -> Outcome:
+    """Chunk handler: load legacy rows ``lo..hi`` of ``table`` (slice by slice) into the
+    shards and take out of the target what those rows no longer imply
+    (``loaders.migration.converge``)."""
     def record(bad: list) -> None:
         ctx.ledger.quarantine.record(ctx.lease, bad)
     with collector.held_off():  # a chunk's rows form no cycles: see shardfarm.collector
-        return load_selection(ctx.router, ctx.token, process_state(ctx), ctx.params, table,
-                              Selection(lo, hi), record, ctx.check)
+        return load_slices(ctx.router, ctx.token, process_state(ctx), ctx.params, table,
+                           selections(lo, hi, slices), record, ctx.check)
 
 
 def load_selection(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
@@ -179,7 +216,55 @@ def load_selection(router: Router, token: FenceToken | None, st: ProcessState, p
                    check: Callable[[], None] = lambda: None) -> Outcome:
     """Make the target exactly what the legacy rows of ``sel`` imply: write the valid rows,
     quarantine the others (through ``record``), remove what is stale."""
+    return load_slices(router, token, st, params, table, [sel], record, check)
+
+
+@dataclass
+class Slice:
+    """What a slice left to do once its shard rows are written, and what it counted."""
+
+    builder: Builder
+    lookups: dict[tuple[int, str], list[tuple]]
+    stale: converge.Stale
+    bad: list
+    read: int
+    counts: dict[str, int]
+
+
+def load_slices(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
+                table: str, sels: list[Selection], record: Callable[[list], None],
+                check: Callable[[], None] = lambda: None) -> Outcome:
+    """``load_selection`` of consecutive selections, one in memory at a time: each one's
+    shard rows are written as it is built; then every one's mod-bucket lookups at once (a
+    statement per bucket, not per selection), the bad rows, and what is stale."""
     spec = SPEC[table]
+    lookups = TargetRows()
+    stale = converge.Stale()
+    bad: list = []
+    read, counts, builder = 0, Counter(), None
+    for sel in sels:
+        done = _load_slice(router, token, st, params, spec, sel, check)
+        for key, rows in done.lookups.items():
+            lookups.lookups[key] += rows
+        stale.merge(done.stale)
+        bad += done.bad
+        read += done.read
+        counts.update(done.counts)
+        builder = done.builder
+    writer.write_mod(router, lookups)
+    converge.apply(router, token, spec, stale)
+    if builder is not None:
+        converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
+    record(bad)
+    return Outcome(rows_read=read, rows_written=read - len(bad), rows_quarantined=len(bad),
+                   counts={**counts, "removed": stale.count()})
+
+
+def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
+                spec: LegacyTable, sel: Selection, check: Callable[[], None]) -> Slice:
+    """Write the shard rows of the valid legacy rows of ``sel``; return its mod-bucket
+    lookups, what is stale and its bad rows (``load_slices`` finishes them)."""
+    table = spec.name
     resolver, judged = judge_chunk(st.reader, params, table, 0, -1, st.verdicts, sel)
     good = [(r, v) for r, v in judged if v.valid]
     bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
@@ -199,11 +284,7 @@ def load_selection(router: Router, token: FenceToken | None, st: ProcessState, p
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
         writing = writes(target)
-    write_all(router, token, writing, found.held)
+    writer.write_shards(router, token, writing, held=found.held)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
-    converge.apply(router, token, spec, stale)
-    converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
-    record(bad)
-    return Outcome(rows_read=len(judged), rows_written=len(good), rows_quarantined=len(bad),
-                   counts={**target.count(), "removed": stale.count()})
+    return Slice(builder, writing.lookups, stale, bad, len(judged), target.count())

@@ -10,12 +10,14 @@ the expected and the found rows is kept per chunk.
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
+from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import Outcome
 from loaders.migration.build import Builder, TargetRows
-from loaders.migration.migrate import judge_chunk, process_state
+from loaders.migration.migrate import judge_chunk, process_state, selections
+from loaders.migration.present import Selection
 from loaders.migration.spec import SELF, SPEC, LegacyTable, legacy_key
 from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding import ids
@@ -187,11 +189,45 @@ def _quarantined_but_present(ctx: ChunkContext, table: LegacyTable, bad: list) -
             for (_, legacy) in found]
 
 
-def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
-    """Chunk handler: check legacy rows ``lo..hi`` of ``table`` against the target."""
+def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int,
+                 slices: list[list[int]] | None = None) -> Outcome:
+    """Chunk handler: check legacy rows ``lo..hi`` of ``table`` against the target, slice by
+    slice; the chunk's digests are those of its one slice, or of its slices' digests."""
+    problems: list[Problem] = []
+    read = written = 0
+    counts: Counter = Counter()
+    digests: list[tuple[str, str]] = []
+    for sel in selections(lo, hi, slices):
+        out = _verify_slice(ctx, SPEC[table], sel)
+        problems += out.problems
+        read, written = read + out.read, written + out.written
+        counts.update(out.expected)
+        digests.append((out.want, out.have))
+    want, have = digests[0] if len(digests) == 1 else (
+        _digest([w for w, _ in digests]), _digest([h for _, h in digests]))
+    ctx.ledger.mismatches.record(ctx.lease, problems)
+    return Outcome(rows_read=read, rows_written=written, rows_quarantined=len(problems),
+                   counts={"expected": dict(counts), "mismatches": len(problems),
+                           "digest_expected": want, "digest_found": have})
+
+
+@dataclass
+class Checked:
+    """One slice's verification: its mismatches, rows, expected rows and digests."""
+
+    problems: list[Problem]
+    read: int
+    written: int
+    expected: dict[str, int]
+    want: str
+    have: str
+
+
+def _verify_slice(ctx: ChunkContext, spec: LegacyTable, sel: Selection) -> Checked:
+    """Check the legacy rows of one selection against the target."""
     st = process_state(ctx)
-    spec = SPEC[table]
-    resolver, judged = judge_chunk(st.reader, ctx.params, table, lo, hi, st.verdicts)
+    table = spec.name
+    resolver, judged = judge_chunk(st.reader, ctx.params, table, 0, -1, st.verdicts, sel)
     newids = st.newids(ctx)
     builder = Builder(spec, resolver, newids, ctx.router.shardmap.buckets)
     good = [(r, v) for r, v in judged if v.valid]
@@ -207,12 +243,8 @@ def verify_chunk(ctx: ChunkContext, table: str, lo: int, hi: int) -> Outcome:
     _compare(checker, expected)
     want, have = _digest(_expected_items(expected)), _digest(checker.found)
     if want != have and not checker.problems:
-        checker.problems.append((table, f"{lo}..{hi}", "*", "content digest differs"))
-    ctx.ledger.mismatches.record(ctx.lease, checker.problems)
-    return Outcome(rows_read=len(judged), rows_written=len(good) - len(missing),
-                   rows_quarantined=len(checker.problems),
-                   counts={"expected": expected.count(), "mismatches": len(checker.problems),
-                           "digest_expected": want, "digest_found": have})
+        checker.problems.append((table, f"{sel.lo}..{sel.hi}", "*", "content digest differs"))
+    return Checked(checker.problems, len(judged), len(good), expected.count(), want, have)
 
 
 def _compare(checker: Checker, expected: TargetRows) -> None:

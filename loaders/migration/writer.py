@@ -27,7 +27,6 @@ transaction ~250 us (InnoDB slows with thousands of tables in one transaction).
 from __future__ import annotations
 
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from itertools import chain
 from typing import TYPE_CHECKING
@@ -206,15 +205,6 @@ def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
     run_parallel([(partial(router.run_group, g, queued, pipelined=True),) if small(g) else
                   (partial(router.run_group, g, one, infile=True),)  # infile: the only
                   for g in groups], threads)                         # ones that send files
-
-
-def write_all(router: Router, token: FenceToken | None, rows: TargetRows,
-              held: dict[tuple[int, str], set[int]] | None = None) -> None:
-    """Mod-bucket lookups and shard rows at the same time; returns when both landed."""
-    with ThreadPoolExecutor(1, thread_name_prefix="mod-writer") as pool:
-        mod = pool.submit(write_mod, router, rows)
-        write_shards(router, token, rows, held=held)
-        mod.result()
 
 
 def _mod_statements(conn, b: int, table: str, rows: list[tuple]) -> list[str]:
