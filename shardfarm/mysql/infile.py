@@ -20,14 +20,14 @@ PREFIX, SUFFIX = "farm-", ".tsv"
 
 
 @contextmanager
-def temp_tsv(text: str) -> Iterator[str]:
-    """A ``farm-PID-*.tsv`` file under ``TMP`` holding ``text`` (UTF-8): its path, for the
-    ``with`` block's time; deleted afterwards. The PID names the process that may still
-    be loading it."""
+def temp_tsv(text: str | bytes) -> Iterator[str]:
+    """A ``farm-PID-*.tsv`` file under ``TMP`` holding ``text`` (UTF-8, or bytes as they
+    are): its path, for the ``with`` block's time; deleted afterwards. The PID names the
+    process that may still be loading it."""
     fd, path = tempfile.mkstemp(prefix=f"{PREFIX}{os.getpid()}-", suffix=SUFFIX, dir=TMP)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
         yield path
     finally:
         os.unlink(path)
