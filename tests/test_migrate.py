@@ -4,6 +4,7 @@ The target is checked by ``tests.contract_checker``, written from CONTRACTS.md
 without importing the loader.
 """
 
+import itertools
 import json
 import os
 
@@ -11,6 +12,7 @@ import pymysql
 import pytest
 import redis
 
+from sharding.ids import MAX_LOCAL
 from tests.conftest import run_farm
 from tests.contract_checker import check_migration
 from tests.farmkit import start_workers, stop
@@ -228,7 +230,99 @@ def test_sliced_chunk_killed_between_slices_then_rerun_matches_a_clean_run(
         rt.close()
 
 
+@pytest.mark.slow
+def test_a_moved_pin_loses_its_old_board_row_though_its_chunk_is_killed_after_its_slice(
+        migrated, settings, server_b, router, monkeypatch):
+    """A pin moved (in the legacy data) to another board of the same owner, and the chunk
+    re-loading it is killed after the pin's slice: the old board row went with that slice
+    (a removal left for the chunk's end would die with the process, and the re-run, finding
+    the new document in place, would never know the old board), and stays gone."""
+    import time
+
+    from jobs import lifecycle
+    from jobs.runtime import Runtime
+    from loaders.migration import migrate as migration
+    from loaders.migration import writer
+
+    rt = Runtime(settings.with_(redis_url=settings.redis_url))
+    legacy = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn), autocommit=True)
+    moved = None
+    try:
+        params, chunks = migration.plan(settings, rt.router, rt.ledger, 900, 300)
+        params["handler"] = migration.HANDLER
+        pin_chunk = next(i for i, c in enumerate(chunks)
+                         if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
+        truncate_target(server_b.port)
+        _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks),
+                        len(chunks))
+        pin, old, new = moved = _movable_pin(router, legacy, chunks[pin_chunk].args["slices"][0])
+        assert _boards_of_pin(router, pin) == {old}
+        with legacy.cursor() as cur:
+            cur.execute("UPDATE pins SET board_id = %s WHERE id = %s", (new, pin))
+        run_id = rt.ledger.create_run("migrate", "none", params, chunks)
+        real, calls = writer.write_shards, []
+
+        def die_at_second_slice(router_, token, rows, **kw):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
+            real(router_, token, rows, **kw)
+        monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
+        monkeypatch.setattr(writer, "write_shards", die_at_second_slice)
+        with pytest.raises(KeyboardInterrupt):
+            lifecycle.execute(rt, run_id, pin_chunk)
+        monkeypatch.setattr(writer, "write_shards", real)
+        assert _boards_of_pin(router, pin) == {new}  # gone with its slice
+        time.sleep(1.2)  # the dead attempt's lease expires
+        _run_all_inline(rt, run_id, len(chunks))
+        assert rt.ledger.refresh_status(run_id) == "done"
+        assert _boards_of_pin(router, pin) == {new}
+    finally:
+        if moved:
+            with legacy.cursor() as cur:
+                cur.execute("UPDATE pins SET board_id = %s WHERE id = %s", (moved[1], moved[0]))
+            truncate_target(server_b.port)
+        legacy.close()
+        rt.close()
+
+
+def _movable_pin(router, legacy, first_slice: list[int]) -> tuple[int, int, int]:
+    """A migrated pin of ``first_slice`` (legacy IDs below 2**35), its board, and another
+    migrated board of the same owner: ``(pin, board, other board)``."""
+    with legacy.cursor() as cur:
+        cur.execute("SELECT p.id, p.board_id, b2.id FROM pins p "
+                    "JOIN boards b1 ON b1.id = p.board_id "
+                    "JOIN boards b2 ON b2.user_id = b1.user_id AND b2.id <> b1.id "
+                    "WHERE p.id BETWEEN %s AND %s AND p.id < (1 << 35) AND b2.id < (1 << 35) "
+                    "ORDER BY p.id, b2.id", first_slice)
+        candidates = cur.fetchall()
+    for pin, board, other in candidates:
+        if _boards_of_pin(router, pin) == {board} and _count_active_boards(router, other):
+            return pin, board, other
+    raise AssertionError("no pin of the first slice can move to another migrated board")
+
+
+def _boards_of_pin(router, pin: int) -> set[int]:
+    """Legacy IDs (local IDs) of the boards whose ``board_has_pins`` rows name the pin."""
+    out: set[int] = set()
+    for s in router.shardmap.shards():
+        q = f"`db{s:05d}`.`board_has_pins`"
+        rows = router.run(s, lambda cur, q=q: (cur.execute(
+            f"SELECT from_id FROM {q} WHERE (to_id & %s) = %s", (MAX_LOCAL, pin)),
+            cur.fetchall())[1])
+        out |= {int(r[0]) & MAX_LOCAL for r in rows}
+    return out
+
+
+def _count_active_boards(router, board: int) -> int:
+    """Active board slots at local ID ``board`` on any shard."""
+    return sum(router.run(s, lambda cur, s=s: (cur.execute(
+        f"SELECT COUNT(*) FROM `db{s:05d}`.`boards` WHERE local_id = %s AND active = 1",
+        (board,)), cur.fetchone())[1])[0] for s in router.shardmap.shards())
+
+
 def _count(run, where: int, table: str, col: str, keys: list) -> int:
+    """Rows of ``table`` whose ``col`` is one of ``keys`` (on shard or bucket ``where``)."""
     marks = ",".join(["%s"] * len(keys))
     return run(where, lambda cur: (cur.execute(
         f"SELECT COUNT(*) FROM {table} WHERE {col} IN ({marks})", keys), cur.fetchone())[1])[0]
@@ -272,6 +366,7 @@ def test_sweep_temp_deletes_the_fresh_file_of_a_killed_writer(tmp_path, monkeypa
 
 
 def test_slices_group_into_chunks_of_at_most_chunk_rows():
+    """The planner's slices: consecutive, every key in one, a chunk's covering its range."""
     from loaders.migration.migrate import chunk_args, covering, selections, sliced
     ranges = covering([(5, 9, 3), (12, 20, 3), (21, 30, 3), (31, 40, 8), (41, 50, 2)])
     parts = sliced(ranges, 6)
@@ -282,7 +377,7 @@ def test_slices_group_into_chunks_of_at_most_chunk_rows():
     assert args[-1]["hi"] == (1 << 64) - 1
     # every key in exactly one slice, in order, and the slices of a chunk cover its range
     flat = [s for a in args for s in (a.get("slices") or [[a["lo"], a["hi"]]])]
-    assert all(b[0] == a[1] + 1 for a, b in zip(flat, flat[1:]))
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(flat))
     assert [(s.lo, s.hi) for s in selections(**{k: v for k, v in args[0].items()
                                                  if k != "table"})] == [(0, 11), (12, 20)]
     assert [(s.lo, s.hi) for s in selections(21, 30, None)] == [(21, 30)]

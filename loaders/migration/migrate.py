@@ -4,10 +4,10 @@ A chunk is a range of a legacy table's first key column holding about
 ``chunk_rows`` rows, cut into consecutive *slices* of about ``slice_rows`` rows (a
 worker holds one slice at a time). Loading a slice: read its rows, judge them
 (fetching what they reference), build objects, forward mapping rows and mod-shard
-lookups, and write its shard rows grouped by destination. The mod-shard lookups of
-every slice are written once at the end of the chunk: an object chunk writes to every
-one of the 4,096 mod buckets, so a statement per bucket per chunk, not per slice
-(then the bad rows are quarantined with their reason and what is stale is removed).
+lookups, write its shard rows grouped by destination, and remove what its rows no
+longer imply. The mod-shard lookups of every slice are written once at the end of the
+chunk (an object chunk writes to every one of the 4,096 mod buckets, so a statement per
+bucket per chunk, not per slice), then the bad rows are quarantined with their reason.
 Chunks run in any order, any number of times, with the same result.
 """
 
@@ -221,11 +221,10 @@ def load_selection(router: Router, token: FenceToken | None, st: ProcessState, p
 
 @dataclass
 class Slice:
-    """What a slice left to do once its shard rows are written, and what it counted."""
+    """What a slice left to do once its rows are written and its stale rows removed (its
+    mod-bucket lookups and bad rows), and what it counted."""
 
-    builder: Builder
     lookups: dict[tuple[int, str], list[tuple]]
-    stale: converge.Stale
     bad: list
     read: int
     counts: dict[str, int]
@@ -235,35 +234,33 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
                 table: str, sels: list[Selection], record: Callable[[list], None],
                 check: Callable[[], None] = lambda: None) -> Outcome:
     """``load_selection`` of consecutive selections, one in memory at a time: each one's
-    shard rows are written as it is built; then every one's mod-bucket lookups at once (a
-    statement per bucket, not per selection), the bad rows, and what is stale."""
+    shard rows are written as it is built and what it no longer implies removed at once (a
+    removal known only in memory would be lost with the process: on a re-run the target
+    already holds the new rows); then every one's mod-bucket lookups at once (a statement per
+    bucket, not per selection), and the bad rows."""
     spec = SPEC[table]
     lookups = TargetRows()
-    stale = converge.Stale()
     bad: list = []
-    read, counts, builder = 0, Counter(), None
+    read, counts = 0, Counter()
     for sel in sels:
         done = _load_slice(router, token, st, params, spec, sel, check)
         for key, rows in done.lookups.items():
             lookups.lookups[key] += rows
-        stale.merge(done.stale)
         bad += done.bad
         read += done.read
         counts.update(done.counts)
-        builder = done.builder
+        del done  # the next slice's rows take its place
+    check()  # the lookups are not fenced: a chunk that lost its lease stops here
     writer.write_mod(router, lookups)
-    converge.apply(router, token, spec, stale)
-    if builder is not None:
-        converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
     record(bad)
     return Outcome(rows_read=read, rows_written=read - len(bad), rows_quarantined=len(bad),
-                   counts={**counts, "removed": stale.count()})
+                   counts=dict(counts))
 
 
 def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
                 spec: LegacyTable, sel: Selection, check: Callable[[], None]) -> Slice:
-    """Write the shard rows of the valid legacy rows of ``sel``; return its mod-bucket
-    lookups, what is stale and its bad rows (``load_slices`` finishes them)."""
+    """Write the shard rows of the valid legacy rows of ``sel`` and remove what they no
+    longer imply; return its mod-bucket lookups and bad rows (``load_slices`` writes them)."""
     table = spec.name
     resolver, judged = judge_chunk(st.reader, params, table, 0, -1, st.verdicts, sel)
     good = [(r, v) for r, v in judged if v.valid]
@@ -287,4 +284,6 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
     writer.write_shards(router, token, writing, held=found.held)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
-    return Slice(builder, writing.lookups, stale, bad, len(judged), target.count())
+    converge.apply(router, token, spec, stale)
+    converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
+    return Slice(writing.lookups, bad, len(judged), {**target.count(), "removed": stale.count()})
