@@ -23,7 +23,7 @@ def reset(server: PrivateMariaDB) -> None:
     server.sql("TRUNCATE performance_schema.events_statements_summary_by_digest")
 
 
-def shares(server: PrivateMariaDB, top: int = 12) -> tuple[float, list[tuple[str, int, float]]]:
+def shares(server: PrivateMariaDB, top: int = 30) -> tuple[float, list[tuple[str, int, float]]]:
     """Total statement seconds since ``reset``, and the ``top`` statement shapes by time:
     ``(shape, statements, seconds)``."""
     by_shape: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
