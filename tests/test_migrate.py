@@ -7,11 +7,17 @@ without importing the loader.
 import itertools
 import json
 import os
+import time
+from functools import partial
 
 import pymysql
 import pytest
 import redis
 
+from jobs import lifecycle
+from jobs.runtime import Runtime
+from loaders.migration import migrate as migration
+from loaders.migration import writer
 from sharding.ids import MAX_LOCAL
 from tests.conftest import run_farm
 from tests.contract_checker import check_migration
@@ -132,43 +138,29 @@ def _run_all_inline(rt, run_id, n_chunks):
 
 
 @pytest.mark.slow
-def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, server_b,
-                                                          monkeypatch):
-    import time
-
-    from jobs import lifecycle
-    from jobs.runtime import Runtime
-    from loaders.migration import migrate as migration
-    from loaders.migration import writer
-
+@pytest.mark.parametrize("sliced", [False, True], ids=["half-way", "between-slices"])
+def test_chunk_killed_then_rerun_matches_a_clean_run(migrated, settings, server_b, router,
+                                                     monkeypatch, sliced):
+    """A pins chunk killed half way through its first shard write, or (in slices) once its
+    first slice's shard rows are written and before any of its mod-bucket rows (written
+    once, at the end of the chunk, with its mapping rows): its second attempt leaves what a
+    clean run does."""
     rt = Runtime(settings.with_(redis_url=settings.redis_url))
     try:
-        params, chunks = migration.plan(settings, rt.router, rt.ledger, 700)
-        params["handler"] = migration.HANDLER
+        params, chunks, pin_chunk = _plan(settings, rt, 900, 300) if sliced else \
+            _plan(settings, rt, 700)
         # The reference: the same chunks, in the same order, never killed. (Local IDs of
         # legacy IDs >= 2**35 come from AUTO_INCREMENT in allocation order, so a run that
         # allocates in another order, e.g. with parallel workers, may number them otherwise.)
-        truncate_target(server_b.port)
-        _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks),
-                        len(chunks))
+        _fresh_run(rt, params, chunks, server_b.port)
         clean = checksums(server_b.port)
         truncate_target(server_b.port)
         run_id = rt.ledger.create_run("migrate", "none", params, chunks)
-        pin_chunk = next(i for i, c in enumerate(chunks) if c.kind == "pins")
-        real = writer.write_shards
-
-        def die_half_way(router, token, rows, **kw):
-            first = next(iter(rows.objects))
-            partial = type(rows)()
-            partial.objects[first] = rows.objects[first][: len(rows.objects[first]) // 2]
-            real(router, token, partial, **kw)
-            raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
-        monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
-        monkeypatch.setattr(writer, "write_shards", die_half_way)
-        with pytest.raises(KeyboardInterrupt):
-            lifecycle.execute(rt, run_id, pin_chunk)
-        monkeypatch.setattr(writer, "write_shards", real)
-        time.sleep(1.2)  # the dead attempt's lease expires
+        written: list = []
+        _killed(rt, run_id, pin_chunk, partial(_die_at_second_slice, written) if sliced
+                else _die_half_way, monkeypatch)
+        if sliced:
+            _assert_only_objects_written(router, written[0])
         _run_all_inline(rt, run_id, len(chunks))
         assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
         assert rt.ledger.refresh_status(run_id) == "done"
@@ -177,57 +169,30 @@ def test_chunk_killed_half_way_then_rerun_changes_nothing(migrated, settings, se
         rt.close()
 
 
-@pytest.mark.slow
-def test_sliced_chunk_killed_between_slices_then_rerun_matches_a_clean_run(
-        migrated, settings, server_b, router, monkeypatch):
-    """Killed once its first slice's shard rows are written and before any of its mod-bucket
-    rows (written once, at the end of the chunk), a chunk's second attempt converges."""
-    import time
+def _die_half_way(real):
+    """A ``write_shards`` killed half way through the first table it writes."""
+    def write(router, token, rows, **kw):
+        first = next(iter(rows.objects))
+        half = type(rows)()
+        half.objects[first] = rows.objects[first][: len(rows.objects[first]) // 2]
+        real(router, token, half, **kw)
+        raise KeyboardInterrupt("worker killed")
+    return write
 
-    from jobs import lifecycle
-    from jobs.runtime import Runtime
-    from loaders.migration import migrate as migration
-    from loaders.migration import writer
 
-    rt = Runtime(settings.with_(redis_url=settings.redis_url))
-    try:
-        params, chunks = migration.plan(settings, rt.router, rt.ledger, 900, 300)
-        params["handler"] = migration.HANDLER
-        pin_chunk = next(i for i, c in enumerate(chunks)
-                         if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
-        truncate_target(server_b.port)
-        _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks),
-                        len(chunks))
-        clean = checksums(server_b.port)
-        truncate_target(server_b.port)
-        run_id = rt.ledger.create_run("migrate", "none", params, chunks)
-        real, written = writer.write_shards, []
-
-        def die_at_second_slice(router_, token, rows, **kw):
-            if written:
-                raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
-            real(router_, token, rows, **kw)
-            written.append(rows)
-        monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
-        monkeypatch.setattr(writer, "write_shards", die_at_second_slice)
-        with pytest.raises(KeyboardInterrupt):
-            lifecycle.execute(rt, run_id, pin_chunk)
-        monkeypatch.setattr(writer, "write_shards", real)
-        (shard, name), objects = next(iter(written[0].objects.items()))
-        (bucket, _), maps = next((k, [r for r in v if r[1] < 1 << 35])  # not allocated
-                                 for k, v in written[0].lookups.items()
-                                 if k[1] == "legacy_id_map" and any(r[1] < 1 << 35 for r in v))
-        assert _count(router.run, shard, f"`db{shard:05d}`.`{name}`", "local_id",
-                      [r[0] for r in objects]) == len(objects)
-        assert _count(router.run_mod, bucket, f"`mod{bucket:05d}`.`legacy_id_map`",
-                      "legacy_id", [r[1] for r in maps]) == 0
-        time.sleep(1.2)  # the dead attempt's lease expires
-        _run_all_inline(rt, run_id, len(chunks))
-        assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
-        assert rt.ledger.refresh_status(run_id) == "done"
-        assert checksums(server_b.port) == clean
-    finally:
-        rt.close()
+def _assert_only_objects_written(router, rows) -> None:
+    """The objects of a chunk's first slice (``rows``) are written; none of the chunk's
+    mapping rows and ``legacy_id_map`` rows is (they wait for its end; a legacy ID of
+    2**35 or more is recorded when it is allocated)."""
+    (shard, name), objects = next(iter(rows.objects.items()))
+    assert _count(router.run, shard, f"`db{shard:05d}`.`{name}`", "local_id",
+                  [r[0] for r in objects]) == len(objects)
+    assert not rows.mappings and not rows.lookups
+    for s in router.shardmap.shards():
+        assert _rows(router.run, s, f"`db{s:05d}`.`board_has_pins`") == 0
+    for b in range(router.shardmap.buckets):
+        assert _rows(router.run_mod, b, f"`mod{b:05d}`.`legacy_id_map`",
+                     "legacy_id < (1 << 35)") == 0
 
 
 @pytest.mark.slow
@@ -237,43 +202,20 @@ def test_a_moved_pin_loses_its_old_board_row_though_its_chunk_is_killed_after_it
     re-loading it is killed after the pin's slice: the old board row went with that slice
     (a removal left for the chunk's end would die with the process, and the re-run, finding
     the new document in place, would never know the old board), and stays gone."""
-    import time
-
-    from jobs import lifecycle
-    from jobs.runtime import Runtime
-    from loaders.migration import migrate as migration
-    from loaders.migration import writer
-
     rt = Runtime(settings.with_(redis_url=settings.redis_url))
     legacy = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn), autocommit=True)
     moved = None
     try:
-        params, chunks = migration.plan(settings, rt.router, rt.ledger, 900, 300)
-        params["handler"] = migration.HANDLER
-        pin_chunk = next(i for i, c in enumerate(chunks)
-                         if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
-        truncate_target(server_b.port)
-        _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks),
-                        len(chunks))
+        params, chunks, pin_chunk = _plan(settings, rt, 900, 300)
+        _fresh_run(rt, params, chunks, server_b.port)
         pin, old, new = moved = _movable_pin(router, legacy, chunks[pin_chunk].args["slices"][0])
         assert _boards_of_pin(router, pin) == {old}
         with legacy.cursor() as cur:
             cur.execute("UPDATE pins SET board_id = %s WHERE id = %s", (new, pin))
         run_id = rt.ledger.create_run("migrate", "none", params, chunks)
-        real, calls = writer.write_shards, []
-
-        def die_at_second_slice(router_, token, rows, **kw):
-            calls.append(1)
-            if len(calls) == 2:
-                raise KeyboardInterrupt("worker killed")  # not an Exception: nothing recorded
-            real(router_, token, rows, **kw)
-        monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
-        monkeypatch.setattr(writer, "write_shards", die_at_second_slice)
-        with pytest.raises(KeyboardInterrupt):
-            lifecycle.execute(rt, run_id, pin_chunk)
-        monkeypatch.setattr(writer, "write_shards", real)
-        assert _boards_of_pin(router, pin) == {new}  # gone with its slice
-        time.sleep(1.2)  # the dead attempt's lease expires
+        _killed(rt, run_id, pin_chunk, partial(_die_at_second_slice, []), monkeypatch)
+        assert _boards_of_pin(router, pin) == set()  # gone with its slice (the new row
+        #                                              waits for the chunk's end)
         _run_all_inline(rt, run_id, len(chunks))
         assert rt.ledger.refresh_status(run_id) == "done"
         assert _boards_of_pin(router, pin) == {new}
@@ -284,6 +226,47 @@ def test_a_moved_pin_loses_its_old_board_row_though_its_chunk_is_killed_after_it
             truncate_target(server_b.port)
         legacy.close()
         rt.close()
+
+
+def _plan(settings, rt, chunk_rows: int, slice_rows: int | None = None) -> tuple:
+    """A migration's params and chunks, and the index of a pins chunk (of two slices or more
+    when ``slice_rows`` is given)."""
+    params, chunks = migration.plan(settings, rt.router, rt.ledger, chunk_rows,
+                                    slice_rows or chunk_rows)
+    params["handler"] = migration.HANDLER
+    pin_chunk = next(i for i, c in enumerate(chunks) if c.kind == "pins" and (
+        slice_rows is None or len(c.args.get("slices", [])) >= 2))
+    return params, chunks, pin_chunk
+
+
+def _fresh_run(rt, params: dict, chunks: list, port_b: int) -> None:
+    """Every chunk of a new run, in order, on an empty target."""
+    truncate_target(port_b)
+    _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks), len(chunks))
+
+
+def _killed(rt, run_id: str, chunk: int, killer, monkeypatch) -> None:
+    """Run ``chunk`` with ``writer.write_shards`` replaced by ``killer(real)``, which raises
+    ``KeyboardInterrupt`` (not an Exception: like SIGKILL, nothing is recorded), then let
+    the dead attempt's lease expire."""
+    real = writer.write_shards
+    monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
+    monkeypatch.setattr(writer, "write_shards", killer(real))
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.execute(rt, run_id, chunk)
+    monkeypatch.setattr(writer, "write_shards", real)
+    time.sleep(1.2)
+
+
+def _die_at_second_slice(written: list, real):
+    """A ``write_shards`` that writes the first slice's rows (kept in ``written``) and is
+    killed at the second."""
+    def write(router, token, rows, **kw):
+        if written:
+            raise KeyboardInterrupt("worker killed")
+        real(router, token, rows, **kw)
+        written.append(rows)
+    return write
 
 
 def _movable_pin(router, legacy, first_slice: list[int]) -> tuple[int, int, int]:
@@ -319,6 +302,12 @@ def _count_active_boards(router, board: int) -> int:
     return sum(router.run(s, lambda cur, s=s: (cur.execute(
         f"SELECT COUNT(*) FROM `db{s:05d}`.`boards` WHERE local_id = %s AND active = 1",
         (board,)), cur.fetchone())[1])[0] for s in router.shardmap.shards())
+
+
+def _rows(run, where: int, table: str, cond: str = "TRUE") -> int:
+    """Rows of ``table`` (on shard or bucket ``where``) meeting ``cond``."""
+    return run(where, lambda cur: (cur.execute(f"SELECT COUNT(*) FROM {table} WHERE {cond}"),
+                                   cur.fetchone())[1])[0]
 
 
 def _count(run, where: int, table: str, col: str, keys: list) -> int:

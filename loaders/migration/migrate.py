@@ -4,10 +4,12 @@ A chunk is a range of a legacy table's first key column holding about
 ``chunk_rows`` rows, cut into consecutive *slices* of about ``slice_rows`` rows (a
 worker holds one slice at a time). Loading a slice: read its rows, judge them
 (fetching what they reference), build objects, forward mapping rows and mod-shard
-lookups, write its shard rows grouped by destination, and remove what its rows no
-longer imply. The mod-shard lookups of every slice are written once at the end of the
-chunk (an object chunk writes to every one of the 4,096 mod buckets, so a statement per
-bucket per chunk, not per slice), then the bad rows are quarantined with their reason.
+lookups, write its objects grouped by destination, and remove what its rows no longer
+imply. The mapping rows and mod-shard lookups of every slice (a few integers or a short
+key each) are written once at the end of the chunk: an object chunk writes to every one
+of the 4,096 mod buckets (and of 4,096 shards at full size), so a statement per bucket
+and shard table per chunk, not per slice. Then the bad rows are quarantined with their
+reason.
 Chunks run in any order, any number of times, with the same result.
 """
 
@@ -221,10 +223,10 @@ def load_selection(router: Router, token: FenceToken | None, st: ProcessState, p
 
 @dataclass
 class Slice:
-    """What a slice left to do once its rows are written and its stale rows removed (its
-    mod-bucket lookups and bad rows), and what it counted."""
+    """What a slice left to do once its objects are written and its stale rows removed
+    (its mapping rows, mod-bucket lookups and bad rows), and what it counted."""
 
-    lookups: dict[tuple[int, str], list[tuple]]
+    later: TargetRows
     bad: list
     read: int
     counts: dict[str, int]
@@ -234,24 +236,27 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
                 table: str, sels: list[Selection], record: Callable[[list], None],
                 check: Callable[[], None] = lambda: None) -> Outcome:
     """``load_selection`` of consecutive selections, one in memory at a time: each one's
-    shard rows are written as it is built and what it no longer implies removed at once (a
+    objects are written as they are built and what it no longer implies removed at once (a
     removal known only in memory would be lost with the process: on a re-run the target
-    already holds the new rows); then every one's mod-bucket lookups at once (a statement per
-    bucket, not per selection), and the bad rows."""
+    already holds the new documents); then every one's mapping rows and mod-bucket lookups
+    at once (a statement per shard table and bucket, not per selection), and the bad rows."""
     spec = SPEC[table]
-    lookups = TargetRows()
+    later = TargetRows()
     bad: list = []
     read, counts = 0, Counter()
     for sel in sels:
         done = _load_slice(router, token, st, params, spec, sel, check)
-        for key, rows in done.lookups.items():
-            lookups.lookups[key] += rows
+        for key, rows in done.later.mappings.items():
+            later.mappings[key] += rows
+        for key, rows in done.later.lookups.items():
+            later.lookups[key] += rows
         bad += done.bad
         read += done.read
         counts.update(done.counts)
         del done  # the next slice's rows take its place
+    writer.write_shards(router, token, later)
     check()  # the lookups are not fenced: a chunk that lost its lease stops here
-    writer.write_mod(router, lookups)
+    writer.write_mod(router, later)
     record(bad)
     return Outcome(rows_read=read, rows_written=read - len(bad), rows_quarantined=len(bad),
                    counts=dict(counts))
@@ -259,8 +264,8 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
 
 def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
                 spec: LegacyTable, sel: Selection, check: Callable[[], None]) -> Slice:
-    """Write the shard rows of the valid legacy rows of ``sel`` and remove what they no
-    longer imply; return its mod-bucket lookups and bad rows (``load_slices`` writes them)."""
+    """Write the objects of the valid legacy rows of ``sel`` and remove what they no longer
+    imply; return its mapping rows, lookups and bad rows (``load_slices`` writes them)."""
     table = spec.name
     resolver, judged = judge_chunk(st.reader, params, table, 0, -1, st.verdicts, sel)
     good = [(r, v) for r, v in judged if v.valid]
@@ -281,9 +286,10 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
         writing = writes(target)
-    writer.write_shards(router, token, writing, held=found.held)
+    writer.write_shards(router, token, TargetRows(objects=writing.objects), held=found.held)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
     converge.apply(router, token, spec, stale)
     converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
-    return Slice(writing.lookups, bad, len(judged), {**target.count(), "removed": stale.count()})
+    later = TargetRows(mappings=writing.mappings, lookups=writing.lookups)
+    return Slice(later, bad, len(judged), {**target.count(), "removed": stale.count()})
