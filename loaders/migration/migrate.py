@@ -235,17 +235,18 @@ class Slice:
 def load_slices(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
                 table: str, sels: list[Selection], record: Callable[[list], None],
                 check: Callable[[], None] = lambda: None) -> Outcome:
-    """``load_selection`` of consecutive selections, one in memory at a time: each one's
-    objects are written as they are built and what it no longer implies removed at once (a
-    removal known only in memory would be lost with the process: on a re-run the target
-    already holds the new documents); then every one's mapping rows and mod-bucket lookups
-    at once (a statement per shard table and bucket, not per selection), and the bad rows."""
+    """``load_selection`` of consecutive selections, one in memory at a time: of several,
+    each one's objects are written as they are built and what it no longer implies removed
+    at once (a removal known only in memory would be lost with the process: on a re-run the
+    target already holds the new documents); then every one's mapping rows and mod-bucket
+    lookups at once (a statement per shard table and bucket, not per selection), and the bad
+    rows. One selection alone writes all its rows before it removes anything."""
     spec = SPEC[table]
     later = TargetRows()
     bad: list = []
     read, counts = 0, Counter()
     for sel in sels:
-        done = _load_slice(router, token, st, params, spec, sel, check)
+        done = _load_slice(router, token, st, params, spec, sel, check, len(sels) > 1)
         for key, rows in done.later.mappings.items():
             later.mappings[key] += rows
         for key, rows in done.later.lookups.items():
@@ -263,9 +264,13 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
 
 
 def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
-                spec: LegacyTable, sel: Selection, check: Callable[[], None]) -> Slice:
-    """Write the objects of the valid legacy rows of ``sel`` and remove what they no longer
-    imply; return its mapping rows, lookups and bad rows (``load_slices`` writes them)."""
+                spec: LegacyTable, sel: Selection, check: Callable[[], None],
+                defer: bool) -> Slice:
+    """Write the rows of the valid legacy rows of ``sel`` (with ``defer``, only objects) and
+    remove what they no longer imply; return what is left to write (``defer``: mapping rows
+    and lookups) and the bad rows. A selection alone (``farm sync``, a chunk of one slice)
+    writes everything before it removes anything, so a moved object is never without its
+    new links."""
     table = spec.name
     resolver, judged = judge_chunk(st.reader, params, table, 0, -1, st.verdicts, sel)
     good = [(r, v) for r, v in judged if v.valid]
@@ -286,10 +291,13 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
         good = [(r, v) for r, v in good if r["id"] not in found.taken]
         target = builder.build(good)
         writing = writes(target)
-    writer.write_shards(router, token, TargetRows(objects=writing.objects), held=found.held)
+    now, later = (TargetRows(objects=writing.objects),
+                  TargetRows(mappings=writing.mappings, lookups=writing.lookups)) if defer \
+        else (writing, TargetRows())
+    writer.write_shards(router, token, now, held=found.held)
+    writer.write_mod(router, now)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
     converge.apply(router, token, spec, stale)
     converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
-    later = TargetRows(mappings=writing.mappings, lookups=writing.lookups)
     return Slice(later, bad, len(judged), {**target.count(), "removed": stale.count()})
