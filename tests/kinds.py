@@ -201,16 +201,23 @@ def _hold(ctx, gate: str) -> bool:
 
 
 def _late(gate: str, step) -> None:
-    """Run the held attempt's late ``step``; record whether the fence let it through."""
+    """Run the held attempt's late ``step``; record whether the fence let it through (the
+    file appears with its text: written under another name, then renamed)."""
     from shardfarm.errors import FencedError
     try:
         step()
     except FencedError as exc:
-        with open(f"{gate}.late", "w") as f:
-            f.write(f"refused: {exc}")
+        _publish(f"{gate}.late", f"refused: {exc}")
         raise
-    with open(f"{gate}.late", "w") as f:
-        f.write("accepted")
+    _publish(f"{gate}.late", "accepted")
+
+
+def _publish(path: str, text: str) -> None:
+    """``text`` in ``path``, which a reader never sees empty."""
+    import os
+    with open(f"{path}.tmp", "w") as f:
+        f.write(text)
+    os.replace(f"{path}.tmp", path)
 
 
 def map_probe(ctx, shard: int, key: str, pin: int) -> None:
