@@ -56,13 +56,6 @@ class Stale:
         """Rows removed or retired."""
         return len(self.objects) + len(self.mapped) + len(self.edges) + len(self.lookups)
 
-    def merge(self, other: Stale) -> None:
-        """Add what another selection (of the same table) must lose."""
-        self.objects.update(other.objects)
-        self.mapped.update(other.mapped)
-        self.edges |= other.edges
-        self.lookups |= other.lookups
-
 
 def expected_objects(target: TargetRows, type_id: int) -> dict[int, tuple[int, str]]:
     """New ID -> ``(legacy_id, document text)`` of every object row ``target`` writes (the
