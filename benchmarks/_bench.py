@@ -105,11 +105,16 @@ class Bench:
     workdir: Path
     env: dict[str, str]
     redis: PrivateRedis | None = None
+    legacy: ShardHostMariaDB | None = None  # the legacy database's own server, if it has one
 
     def connect(self, **kwargs: object) -> pymysql.Connection:
         """A root connection to the private server (utf8mb4, autocommit)."""
         return pymysql.connect(host="127.0.0.1", port=self.server.port, user="root",
                                charset="utf8mb4", autocommit=True, **kwargs)
+
+    def legacy_server(self) -> ShardHostMariaDB:
+        """The server holding the legacy database (the shard host's unless it has its own)."""
+        return self.legacy or self.server
 
     def dsn(self, database: str) -> str:
         """A DSN on the private server."""
@@ -143,15 +148,17 @@ def shard_map(port: int) -> dict:
                 {"range": [mid, BUCKETS - 1], "master": "MySQL001B", "slave": "MySQL001A"}]}}
 
 
-def make_bench(server: ShardHostMariaDB, rds: PrivateRedis) -> Bench:
-    """Write the shard map and build the environment every subprocess gets."""
+def make_bench(server: ShardHostMariaDB, rds: PrivateRedis,
+               legacy: ShardHostMariaDB | None = None) -> Bench:
+    """Write the shard map and build the environment every subprocess gets (``legacy``: the
+    legacy database's own server; by default it is on ``server``)."""
     workdir = Path(tempfile.mkdtemp(prefix="farm-migrate-bench-", dir=TMP))
     map_path = workdir / "shardmap.json"
     map_path.write_text(json.dumps(shard_map(server.port)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
-    bench = Bench(server, workdir, env, rds)
+    bench = Bench(server, workdir, env, rds, legacy)
     env.update({"FARM_SHARDMAP": str(map_path), "FARM_REDIS_URL": rds.url(),
-                "FARM_LEGACY_DSN": bench.dsn("legacy"),
+                "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:{bench.legacy_server().port}/legacy",
                 "FARM_CONTROL_DSN": bench.dsn("farm_control"),
                 "PYTHONPATH": str(ROOT)})
     return bench
@@ -250,7 +257,8 @@ def group_counts(counts: dict[str, int]) -> dict[str, int]:
 
 def legacy_rows(bench: Bench) -> int:
     """Rows in the six legacy tables."""
-    conn = bench.connect(database="legacy")
+    conn = pymysql.connect(host="127.0.0.1", port=bench.legacy_server().port, user="root",
+                           database="legacy")
     try:
         with conn.cursor() as cur:
             cur.execute(" UNION ALL ".join(f"SELECT COUNT(*) FROM `{t}`" for t in ORDER))
@@ -309,7 +317,9 @@ def timed_run(bench: Bench, workers: int, control: str, start: Callable[[Runtime
     rt = Runtime(Settings.from_env({**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}))
     try:
         with running_workers(bench, workers, control) as group:
-            cpu = (cpu_seconds(bench.server.proc.pid), workers_cpu(group.pid))
+            legacy_pid = bench.legacy.proc.pid if bench.legacy else None
+            cpu = (cpu_seconds(bench.server.proc.pid), workers_cpu(group.pid),
+                   cpu_seconds(legacy_pid) if legacy_pid else 0.0)
             opens = table_opens(bench.server)
             t = time.perf_counter()
             run_id = start(rt)
@@ -318,7 +328,8 @@ def timed_run(bench: Bench, workers: int, control: str, start: Callable[[Runtime
             if usage is not None:
                 usage.append(Usage(cpu_seconds(bench.server.proc.pid) - cpu[0],
                                    workers_cpu(group.pid) - cpu[1], workers_peak(group.pid),
-                                   table_opens(bench.server) - opens))
+                                   table_opens(bench.server) - opens,
+                                   cpu_seconds(legacy_pid) - cpu[2] if legacy_pid else None))
             return run_id, seconds
     finally:
         rt.close()
@@ -384,17 +395,28 @@ def migrate(bench: Bench, workers: int, control: str,
                              sum(counts.values()), seconds), counts, usage[0])
 
 
-def with_bench(fn: Callable[[Bench], None], **server_options: str) -> None:
-    """Start the private server (``server_options`` override its shard-host options), run
-    ``fn(bench)``, and always stop it and clean up."""
+def with_bench(fn: Callable[[Bench], None], own_legacy: bool = False,
+               **server_options: str) -> None:
+    """Start the private server (``server_options`` override its shard-host options; with
+    ``own_legacy``, a second one for the legacy database), run ``fn(bench)``, and always
+    stop them and clean up."""
     end_on_sigterm()
     sys.stdout.reconfigure(line_buffering=True)
     rds = PrivateRedis.start()
     server = ShardHostMariaDB.start_shard_host(**server_options)
-    bench = make_bench(server, rds)
+    legacy = None
+    try:
+        legacy = ShardHostMariaDB.start_shard_host(**server_options) if own_legacy else None
+        bench = make_bench(server, rds, legacy)
+    except BaseException:
+        server.stop()
+        rds.stop()
+        raise
     try:
         fn(bench)
     finally:
         server.stop()
+        if legacy is not None:
+            legacy.stop()
         rds.stop()
         shutil.rmtree(bench.workdir, ignore_errors=True)

@@ -16,10 +16,13 @@ class Usage:
     workers_cpu: float
     workers_peak_mib: float
     table_opens: int | None = None  # tables the server opened meanwhile (``Opened_tables``)
+    legacy_cpu: float | None = None  # the legacy database's own server, if it has one
 
     def __str__(self) -> str:
         opens = "" if self.table_opens is None else f"; server table opens {self.table_opens:,}"
-        return (f"CPU seconds: server {self.server_cpu:.1f}, workers {self.workers_cpu:.1f}; "
+        legacy = "" if self.legacy_cpu is None else f", legacy server {self.legacy_cpu:.1f}"
+        return (f"CPU seconds: server {self.server_cpu:.1f}{legacy}, "
+                f"workers {self.workers_cpu:.1f}; "
                 f"worker peak RSS {self.workers_peak_mib:.0f} MiB{opens}")
 
 
