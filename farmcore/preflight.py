@@ -1,4 +1,5 @@
-"""Before a run starts: the control database exists with its tables, and the shards have theirs.
+"""Before a run starts: the control database exists with its tables, and the shards and mod
+buckets have theirs.
 
 A run started against a missing shard database would fail chunk by chunk on the workers;
 this check refuses it at once, with the command that fixes it.
@@ -12,7 +13,7 @@ from shardfarm.mysql.db import ensure_database
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.settings import Settings
 from sharding.router import Router
-from sharding.schema import shard_db
+from sharding.schema import mod_db, shard_db
 
 
 def ensure_control(dsn: DSN) -> None:
@@ -29,11 +30,21 @@ def shard_has_tables(router: Router, host: Host, shard: int) -> bool:
         return bool(cur.fetchone()[0])
 
 
+def mod_has_fences(router: Router, host: Host, bucket: int) -> bool:
+    """Whether the database of mod bucket ``bucket`` holds its ``chunk_fences`` on ``host``
+    (fleets provisioned before mod-bucket writes were fenced lack it)."""
+    with router.connection(host) as conn, conn.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s "
+                    "AND table_name = 'chunk_fences'", (mod_db(bucket),))
+        return bool(cur.fetchone()[0])
+
+
 def preflight(settings: Settings, router: Router) -> None:
     """Refuse to start when the control database or the shard databases are missing.
 
     The control database and its tables are created when missing; the first and last shard
-    of each range of the map must already have their tables.
+    of each range of the map must already have their tables, and the first bucket of each
+    mod range its fences.
     """
     ensure_control(settings.control_dsn)
     m = router.shardmap
@@ -43,3 +54,8 @@ def preflight(settings: Settings, router: Router) -> None:
             if not shard_has_tables(router, host, shard):
                 raise ConfigError(f"shard {shard} has no tables on {host.name}: "
                                   "run 'farm shards init' first")
+    for r in m.mod_ranges:
+        host = m.mod_master(r.lo)
+        if not mod_has_fences(router, host, r.lo):
+            raise ConfigError(f"mod bucket {r.lo} has no chunk_fences table on {host.name}: "
+                              "run 'farm shards init' (it adds what this version needs)")

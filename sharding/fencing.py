@@ -5,6 +5,13 @@ in ``chunk_fences`` on that shard (keeping the highest) and aborts if a higher
 fence is already there. The row lock it takes serialises the owners of one
 chunk on one shard until commit.
 
+A chunk's writes to mod buckets (its lookups, and their removal) are fenced the same way:
+each transaction on a mod server first records the fence (``check_mod``) in the
+``chunk_fences`` of the first bucket of every range of the map it writes to
+(``mod_home``), in bucket order. Mod buckets never move between servers (the map source
+refuses it), and a range is re-cut only by a new map, so a chunk and its successor find
+the same homes unless the map re-cut that range between their starts.
+
 Every write transaction on a shard's master also checks ``shard_state`` first
 (``check_map``, done by ``Router.run``): it share-locks the shard's one row, and
 aborts with ``ShardFrozenError`` while a move freezes the shard, or with
@@ -19,11 +26,16 @@ guards and judged before any write they guard is sent.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from shardfarm.errors import FencedError, ShardFrozenError, StaleMapError
 from shardfarm.mysql.pipeline import Pipeline
-from sharding.schema import shard_table
+from sharding.schema import mod_table, shard_table
+
+if TYPE_CHECKING:
+    from sharding.shardmap import ShardMap
 
 
 @dataclass(frozen=True)
@@ -35,9 +47,9 @@ class FenceToken:
     fence: int
 
 
-def _fence_statements(shard: int, token: FenceToken) -> list[tuple[str, tuple]]:
-    """Record ``token`` (keeping the highest fence), then read the fence, locked."""
-    q = shard_table(shard, "chunk_fences")
+def _fence_statements(q: str, token: FenceToken) -> list[tuple[str, tuple]]:
+    """Record ``token`` (keeping the highest fence) in fences table ``q``, then read the
+    fence, locked."""
     key = (token.run_id, token.chunk_id)
     return [(f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, %s, %s)"
              " ON DUPLICATE KEY UPDATE fence = GREATEST(fence, VALUES(fence))",
@@ -57,16 +69,35 @@ def check(cur, shard: int, token: FenceToken | None) -> None:
     transaction's snapshot, which misses a fence raised (or first written) after it."""
     if token is None:
         return
-    for sql, params in _fence_statements(shard, token):
+    for sql, params in _fence_statements(shard_table(shard, "chunk_fences"), token):
         cur.execute(sql, params)
     _judge_fence(cur.fetchone()[0], token)
+
+
+def mod_home(shardmap: ShardMap, bucket: int) -> int:
+    """The mod bucket whose ``chunk_fences`` fences the writes to ``bucket``: the first
+    bucket of its range in ``shardmap``."""
+    return shardmap.mod_range(bucket).lo
+
+
+def check_mod(cur, shardmap: ShardMap, buckets: Iterable[int], token: FenceToken | None
+              ) -> None:
+    """Inside a transaction on one mod server, before it writes to ``buckets``: record
+    ``token`` at the home of each (``mod_home``, in order) and raise ``FencedError`` if it
+    is stale there."""
+    if token is None:
+        return
+    for home in sorted({mod_home(shardmap, b) for b in buckets}):
+        for sql, params in _fence_statements(mod_table(home, "chunk_fences"), token):
+            cur.execute(sql, params)
+        _judge_fence(cur.fetchone()[0], token)
 
 
 def queue_check(pipe: Pipeline, shard: int, token: FenceToken | None) -> None:
     """``check`` queued in a pipeline as a guard: judged before its writes are sent."""
     if token is None:
         return
-    record, read = _fence_statements(shard, token)
+    record, read = _fence_statements(shard_table(shard, "chunk_fences"), token)
     pipe.add(*record, guard=True)
     pipe.add(*read, check=lambda res: _judge_fence(res.rows[0][0], token), guard=True)
 

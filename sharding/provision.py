@@ -84,11 +84,12 @@ def init_databases(router: Router, threads_per_server: int = 4,
 
 def tables_per_server(router: Router) -> dict[tuple, tuple[Host, int]]:
     """How many tables the map puts on each master server."""
-    from sharding.schema import MOD_TABLES, SHARD_TABLES
+    from sharding.schema import MOD_FARM_TABLES, MOD_TABLES, SHARD_TABLES
     m = router.shardmap
     out: dict[tuple, tuple[Host, int]] = {}
     for host, n in [(m.master(s), len(SHARD_TABLES)) for s in m.shards()] + [
-            (m.mod_master(b), len(MOD_TABLES)) for b in range(m.buckets)]:
+            (m.mod_master(b), len(MOD_TABLES) + len(MOD_FARM_TABLES))
+            for b in range(m.buckets)]:
         prev = out.get(host.server, (host, 0))
         out[host.server] = (prev[0], prev[1] + n)
     return out

@@ -65,13 +65,15 @@ DIRECTORY_TABLES: dict[str, str] = {
   PRIMARY KEY (board_id, shard)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""}
 
-# Farm bookkeeping on every shard: the highest fencing token seen per chunk (see fencing.py).
-FARM_TABLES: dict[str, str] = {"chunk_fences": """CREATE TABLE IF NOT EXISTS {q} (
+_FENCES_DDL = """CREATE TABLE IF NOT EXISTS {q} (
   run_id VARCHAR(40) NOT NULL,
   chunk_id INT NOT NULL,
   fence BIGINT NOT NULL,
   PRIMARY KEY (run_id, chunk_id)
-) ENGINE=InnoDB DEFAULT CHARSET=ascii""",
+) ENGINE=InnoDB DEFAULT CHARSET=ascii"""
+
+# Farm bookkeeping on every shard: the highest fencing token seen per chunk (see fencing.py).
+FARM_TABLES: dict[str, str] = {"chunk_fences": _FENCES_DDL,
     # The shard map version that last placed (moved) this shard, and the move's write freeze.
     "shard_state": """CREATE TABLE IF NOT EXISTS {q} (
   id TINYINT UNSIGNED NOT NULL PRIMARY KEY,
@@ -98,6 +100,10 @@ MOD_TABLES: dict[str, str] = {
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 }
 
+# Farm bookkeeping in every mod bucket database: the fences of the writes to the mod buckets
+# of a range of the map, kept in its first bucket's (see fencing.py, ``mod_home``).
+MOD_FARM_TABLES: dict[str, str] = {"chunk_fences": _FENCES_DDL}
+
 SHARD_TABLES: frozenset[str] = frozenset(
     [*OBJECT_TABLES, *MAPPING_TABLES, *DIRECTORY_TABLES, *FARM_TABLES])
 _DB_NAME = re.compile(r"^(db|mod)\d{5}$")
@@ -118,7 +124,7 @@ def qualified(db: str, table: str) -> str:
     """A quoted ``db.table`` after checking both names against the vocabulary."""
     if not _DB_NAME.match(db):
         raise ValueError(f"invalid database name {db!r}")
-    known = SHARD_TABLES if db.startswith("db") else MOD_TABLES
+    known = SHARD_TABLES if db.startswith("db") else MOD_TABLES.keys() | MOD_FARM_TABLES
     if table not in known or not _TABLE_NAME.match(table):
         raise ValueError(f"unknown table {table!r} for database {db!r}")
     return f"`{db}`.`{table}`"
@@ -146,8 +152,10 @@ def shard_ddl(shard: int) -> list[str]:
 
 
 def mod_ddl(bucket: int) -> list[str]:
-    """Statements that create one mod bucket database and its lookup tables (idempotent)."""
+    """Statements that create one mod bucket database, its lookup tables and its fences
+    (idempotent)."""
     db = mod_db(bucket)
     out = [f"CREATE DATABASE IF NOT EXISTS `{db}` CHARACTER SET utf8mb4"]
-    out += [ddl.format(q=qualified(db, t)) for t, ddl in MOD_TABLES.items()]
+    out += [ddl.format(q=qualified(db, t))
+            for t, ddl in [*MOD_TABLES.items(), *MOD_FARM_TABLES.items()]]
     return out

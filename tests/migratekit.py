@@ -6,7 +6,14 @@ import json
 
 import pymysql
 
-from sharding.schema import MAPPING_TABLES, MOD_TABLES, OBJECT_TABLES, mod_db, shard_db
+from sharding.schema import (
+    MAPPING_TABLES,
+    MOD_FARM_TABLES,
+    MOD_TABLES,
+    OBJECT_TABLES,
+    mod_db,
+    shard_db,
+)
 from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS
 
 TARGET_SHARD_TABLES = [*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard",
@@ -19,7 +26,8 @@ def _servers(port_b: int) -> dict[int, list[str]]:
     for lo, hi, port in ((*SHARDS_A, 3306), (*SHARDS_B, port_b)):
         for s in range(lo, hi + 1):
             out[port] += [f"`{shard_db(s)}`.`{t}`" for t in TARGET_SHARD_TABLES]
-    out[port_b] += [f"`{mod_db(b)}`.`{t}`" for b in range(TEST_BUCKETS) for t in MOD_TABLES]
+    out[port_b] += [f"`{mod_db(b)}`.`{t}`" for b in range(TEST_BUCKETS)
+                    for t in [*MOD_TABLES, *MOD_FARM_TABLES]]
     return out
 
 

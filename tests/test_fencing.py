@@ -1,15 +1,18 @@
-"""Shard state on the shard itself: a write routed with a stale map or into a frozen shard."""
+"""Fences and shard state on the shard itself: a write routed with a stale map or into a frozen
+shard, and a zombie's writes to shards and mod buckets after its successor's."""
 
 from __future__ import annotations
 
 import pytest
 
-from shardfarm.errors import ShardFrozenError, StaleMapError
+from loaders.migration import writer
+from loaders.migration.build import TargetRows
+from shardfarm.errors import FencedError, ShardFrozenError, StaleMapError
 from shardfarm.retry import RetryPolicy
 from sharding import fencing
 from sharding.mapsource import FixedSource
 from sharding.router import Router
-from sharding.schema import shard_table
+from sharding.schema import mod_table, shard_table
 from sharding.shardmap import ShardMap
 from tests.conftest import SHARDS_A
 
@@ -58,7 +61,6 @@ def test_a_fence_raised_after_the_transactions_snapshot_still_refuses_the_write(
     """The fence is read as it is now, not as the transaction's first read saw the shard
     (a group transaction writes many shards after its snapshot was taken): a chunk taken
     over meanwhile is refused, never let through or crashed on a missing row."""
-    from shardfarm.errors import FencedError
     q = shard_table(shard, "chunk_fences")
     heir = fencing.FenceToken("t-snapshot", 0, 2)
 
@@ -72,3 +74,68 @@ def test_a_fence_raised_after_the_transactions_snapshot_still_refuses_the_write(
     finally:
         router.run(shard, lambda cur: cur.execute(
             f"DELETE FROM {q} WHERE run_id = 't-snapshot'"))
+
+
+@pytest.fixture
+def bucket(router):
+    """A mod bucket whose test lookups and fences (run ``t-mod``) are deleted after."""
+    b = 5
+    home = fencing.mod_home(router.shardmap, b)
+    yield b
+
+    def clean(cur) -> None:
+        cur.execute(f"DELETE FROM {mod_table(b, 'username_to_user')} "
+                    "WHERE username LIKE 'fence-test-%'")
+        cur.execute(f"DELETE FROM {mod_table(home, 'chunk_fences')} WHERE run_id = 't-mod'")
+    router.run_mod(b, clean)
+
+
+def _lookup(router: Router, b: int, key: str) -> list[int]:
+    q = mod_table(b, "username_to_user")
+    return [int(r[0]) for r in router.run_mod(b, lambda cur: (cur.execute(
+        f"SELECT user_id FROM {q} WHERE username = %s", (key,)), cur.fetchall())[1])]
+
+
+def _username(b: int, key: str, user_id: int) -> TargetRows:
+    rows = TargetRows()
+    rows.lookups[(b, "username_to_user")].append((key, user_id))
+    return rows
+
+
+def test_a_zombies_lookups_and_their_removal_after_its_successors_are_refused(router, bucket):
+    """A chunk's writes to mod buckets are fenced like its shard writes: once its successor
+    (a higher fence) wrote to a mod server, the zombie's upserts and deletes there are
+    refused, whatever they would have done (here the upsert keeps the smaller user ID)."""
+    heir, zombie = fencing.FenceToken("t-mod", 3, 2), fencing.FenceToken("t-mod", 3, 1)
+    key = "fence-test-a"
+    writer.write_mod(router, _username(bucket, key, 200), heir)
+    with pytest.raises(FencedError, match="fence 1 < 2"):
+        writer.write_mod(router, _username(bucket, key, 100), zombie)
+    delete = (bucket, f"DELETE FROM {mod_table(bucket, 'username_to_user')} "
+                      "WHERE username = %s", (key,))
+    with pytest.raises(FencedError, match="fence 1 < 2"):
+        writer.run_mod_statements(router, [delete], zombie)
+    assert _lookup(router, bucket, key) == [200]
+    writer.write_mod(router, _username(bucket, key, 100), heir)  # the heir still writes
+    assert _lookup(router, bucket, key) == [100]
+
+
+def test_a_mod_fence_raised_after_the_transactions_snapshot_still_refuses(router, bucket):
+    """As on a shard: the mod fence is read as it is now, not as the snapshot saw it."""
+    home = fencing.mod_home(router.shardmap, bucket)
+    q = mod_table(home, "chunk_fences")
+
+    def zombie(cur) -> None:
+        cur.execute(f"SELECT COUNT(*) FROM {q}")  # a consistent read: the snapshot is taken
+        router.run_mod(bucket, lambda other: fencing.check_mod(
+            other, router.shardmap, [bucket], fencing.FenceToken("t-mod", 0, 2)))
+        fencing.check_mod(cur, router.shardmap, [bucket], fencing.FenceToken("t-mod", 0, 1))
+    with pytest.raises(FencedError):
+        router.run_mod(bucket, zombie, policy=ONCE)
+
+
+def test_every_range_of_the_map_has_its_own_mod_fence(router):
+    """A bucket's fence lives in the first bucket of its range of the map."""
+    m = router.shardmap
+    for r in m.mod_ranges:
+        assert {fencing.mod_home(m, b) for b in (r.lo, (r.lo + r.hi) // 2, r.hi)} == {r.lo}

@@ -3,7 +3,7 @@
 import pymysql
 
 from sharding.provision import init_databases
-from sharding.schema import MAPPING_TABLES, MOD_TABLES, OBJECT_TABLES
+from sharding.schema import MAPPING_TABLES, MOD_FARM_TABLES, MOD_TABLES, OBJECT_TABLES
 from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS
 
 
@@ -31,7 +31,7 @@ def test_every_table_on_its_master(router, server_b):
         assert b[f"db{s:05d}"] == expected
     mods = _tables(server_b.port, "mod%")
     assert len(mods) == TEST_BUCKETS
-    assert all(t == set(MOD_TABLES) for t in mods.values())
+    assert all(t == {*MOD_TABLES, *MOD_FARM_TABLES} for t in mods.values())
 
 
 def test_init_is_idempotent_and_keeps_rows(router):

@@ -127,10 +127,11 @@ def apply(router: Router, token: FenceToken | None, table: LegacyTable, stale: S
     ``relink``)."""
     retire.remove(router, token, table, stale.objects, stale.edges)
     if stale.mapped:
-        _unmap(router, table, stale.mapped)
+        _unmap(router, token, table, stale.mapped)
 
 
-def _unmap(router: Router, table: LegacyTable, mapped: dict[int, int]) -> None:
+def _unmap(router: Router, token: FenceToken | None, table: LegacyTable,
+           mapped: dict[int, int]) -> None:
     """Delete ``legacy_id_map`` rows still naming the stale new ID."""
     t = ids.TYPES[table.type_name]
     by_bucket: dict[int, list[tuple[int, int]]] = defaultdict(list)
@@ -142,10 +143,11 @@ def _unmap(router: Router, table: LegacyTable, mapped: dict[int, int]) -> None:
             f"(legacy_id, new_id) IN ({','.join(['(%s,%s)'] * len(part))})",
          tuple(v for row in part for v in row))
         for b, rows in sorted(by_bucket.items())
-        for part in (sorted(rows)[i:i + IN_BATCH] for i in range(0, len(rows), IN_BATCH))])
+        for part in (sorted(rows)[i:i + IN_BATCH] for i in range(0, len(rows), IN_BATCH))],
+        token)
 
 
-def relink(router: Router, reader: LegacyReader, builder: Builder,
+def relink(router: Router, token: FenceToken | None, reader: LegacyReader, builder: Builder,
            lookups: set[tuple[str, str, int]], retired: set[int]) -> None:
     """Delete lookups naming a user that lost the key, then give each such key to a
     valid user that holds it now (the smallest new ID, as the loader's upsert keeps)."""
@@ -155,7 +157,7 @@ def relink(router: Router, reader: LegacyReader, builder: Builder,
     run_mod_statements(router, [
         (b, f"DELETE FROM {mod_table(b, name)} WHERE {LOOKUP_COLUMN[name]} = %s AND "
             "user_id = %s", (key, uid))
-        for name, key, uid in sorted(lookups) for b in (bucket_of(key, buckets),)])
+        for name, key, uid in sorted(lookups) for b in (bucket_of(key, buckets),)], token)
     rows = TargetRows()
     users = SPEC["users"]
     for name in LOOKUP_COLUMN:
@@ -165,7 +167,7 @@ def relink(router: Router, reader: LegacyReader, builder: Builder,
             found = reader.rows(users, users.columns, f"`{LOOKUP_COLUMN[name]}` IN "
                                 f"({','.join(['%s'] * len(part))})", part)
             _holders(builder, found, name, set(part), retired, rows)
-    write_mod(router, rows)
+    write_mod(router, rows, token)
 
 
 def _holders(builder: Builder, found: list[dict], name: str, keys: set[str], retired: set[int],

@@ -256,8 +256,8 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
         counts.update(done.counts)
         del done  # the next slice's rows take its place
     writer.write_shards(router, token, later)
-    check()  # the lookups are not fenced: a chunk that lost its lease stops here
-    writer.write_mod(router, later)
+    check()
+    writer.write_mod(router, later, token)
     record(bad)
     return Outcome(rows_read=read, rows_written=read - len(bad), rows_quarantined=len(bad),
                    counts=dict(counts))
@@ -295,9 +295,9 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
                   TargetRows(mappings=writing.mappings, lookups=writing.lookups)) if defer \
         else (writing, TargetRows())
     writer.write_shards(router, token, now, held=found.held)
-    writer.write_mod(router, now)
+    writer.write_mod(router, now, token)
     stale = (converge.stale_objects(spec, before, target) if spec.is_object
              else converge.stale_links(before, target))
     converge.apply(router, token, spec, stale)
-    converge.relink(router, st.reader, builder, stale.lookups, set(stale.objects))
+    converge.relink(router, token, st.reader, builder, stale.lookups, set(stale.objects))
     return Slice(later, bad, len(judged), {**target.count(), "removed": stale.count()})
