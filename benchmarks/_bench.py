@@ -34,6 +34,7 @@ from loaders.migration.spec import ORDER
 from shardfarm.settings import Settings
 from sharding.schema import (
     MAPPING_TABLES,
+    MOD_FARM_TABLES,
     MOD_TABLES,
     OBJECT_TABLES,
     SHARD_TABLES,
@@ -189,9 +190,12 @@ def target_tables() -> list[Target]:
 
 
 def all_written_tables() -> list[str]:
-    """Every shard and mod table a run may touch (to empty between measurements)."""
+    """Every shard and mod table a run may touch (to empty between measurements; the mod
+    fences are written only in the first bucket of each range of the map)."""
     return ([shard_table(s, t) for s in range(SHARDS) for t in sorted(SHARD_TABLES)]
-            + [mod_table(b, t) for b in range(BUCKETS) for t in MOD_TABLES])
+            + [mod_table(b, t) for b in range(BUCKETS) for t in MOD_TABLES]
+            + [mod_table(r["range"][0], t) for r in shard_map(0)["mod"]["ranges"]
+               for t in MOD_FARM_TABLES])
 
 
 def batches(items: list, size: int) -> Iterator[list]:

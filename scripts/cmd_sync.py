@@ -8,6 +8,7 @@ import socket
 
 import click
 
+from farmcore.preflight import preflight
 from loaders.migration import follower
 from scripts.app import App
 from scripts.cmd_runs import sync_view
@@ -29,6 +30,7 @@ def sync_group(ctx: click.Context, app: App, until_caught_up: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    preflight(app.settings, app.router)
     f = follower.Follower(app.settings, app.router, app.runtime.ledger,
                           owner=f"{socket.gethostname()}:{os.getpid()}",
                           host=socket.gethostname(), until_caught_up=until_caught_up)

@@ -8,9 +8,9 @@ chunk on one shard until commit.
 A chunk's writes to mod buckets (its lookups, and their removal) are fenced the same way:
 each transaction on a mod server first records the fence (``check_mod``) in the
 ``chunk_fences`` of the first bucket of every range of the map it writes to
-(``mod_home``), in bucket order. Mod buckets never move between servers (the map source
-refuses it), and a range is re-cut only by a new map, so a chunk and its successor find
-the same homes unless the map re-cut that range between their starts.
+(``mod_home``), in bucket order. A process reloads no map that moves or re-cuts mod
+bucket ranges while a run is active (``mapsource.bucket_change``), so a chunk and its
+successor find the same homes.
 
 Every write transaction on a shard's master also checks ``shard_state`` first
 (``check_map``, done by ``Router.run``): it share-locks the shard's one row, and

@@ -30,9 +30,13 @@ Guard = Callable[[ShardMap, ShardMap], "str | None"]
 
 
 def bucket_change(old: ShardMap, new: ShardMap) -> str | None:
-    """How ``new`` re-buckets or moves mod buckets of ``old`` (``None`` if it does not).
+    """How ``new`` re-buckets, moves or re-cuts the mod buckets of ``old`` (``None`` if it
+    does not).
 
-    A bucket range whose master becomes its former slave (a promotion) does not move.
+    A bucket range whose master becomes its former slave (a promotion) does not move. A
+    range re-cut in place matters too: writes to mod buckets are fenced in the first bucket
+    of their range (``sharding.fencing.mod_home``), so a chunk and its successor must see
+    the same ranges.
     """
     if old.buckets != new.buckets:
         return f"mod.buckets changes from {old.buckets} to {new.buckets}"
@@ -41,7 +45,14 @@ def bucket_change(old: ShardMap, new: ShardMap) -> str | None:
         target = new.hosts[now.master]
         if target.server not in (old.hosts[was.master].server, old.hosts[was.slave].server):
             return f"mod bucket {lo} moves from {was.master} to {now.master}"
+    cuts = [[(r.lo, r.hi) for r in m.mod_ranges] for m in (old, new)]
+    if cuts[0] != cuts[1]:
+        return f"mod bucket ranges are re-cut from {_cuts(cuts[0])} to {_cuts(cuts[1])}"
     return None
+
+
+def _cuts(ranges: list[tuple[int, int]]) -> str:
+    return ", ".join(f"{lo}-{hi}" for lo, hi in ranges)
 
 
 class FixedSource:

@@ -31,6 +31,12 @@ def _servers(port_b: int) -> dict[int, list[str]]:
     return out
 
 
+def dsn_kwargs(dsn) -> dict:
+    """``pymysql.connect`` arguments of a DSN."""
+    return {"host": dsn.host, "port": dsn.port, "user": dsn.user, "password": dsn.password,
+            "database": dsn.database}
+
+
 def truncate_target(port_b: int) -> None:
     """Empty every shard and mod table of the test map."""
     for port, tables in _servers(port_b).items():

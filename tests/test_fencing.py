@@ -13,7 +13,7 @@ from sharding import fencing
 from sharding.mapsource import FixedSource
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
-from sharding.shardmap import ShardMap
+from sharding.shardmap import Range, ShardMap
 from tests.conftest import SHARDS_A
 
 ONCE = RetryPolicy(attempts=1)
@@ -134,8 +134,39 @@ def test_a_mod_fence_raised_after_the_transactions_snapshot_still_refuses(router
         router.run_mod(bucket, zombie, policy=ONCE)
 
 
-def test_every_range_of_the_map_has_its_own_mod_fence(router):
-    """A bucket's fence lives in the first bucket of its range of the map."""
+def _two_ranges(router: Router) -> Router:
+    """``router`` with its one mod range cut in two (``0-31``, ``32-63``) on the same hosts."""
     m = router.shardmap
-    for r in m.mod_ranges:
-        assert {fencing.mod_home(m, b) for b in (r.lo, (r.lo + r.hi) // 2, r.hi)} == {r.lo}
+    r = m.mod_ranges[0]
+    half = (r.lo + r.hi + 1) // 2
+    view = router.pinned()
+    view.source = FixedSource(ShardMap(m.version, m.hosts, m.shard_ranges, m.open_ranges,
+                                       m.buckets, [Range(r.lo, half - 1, r.master, r.slave),
+                                                   Range(half, r.hi, r.master, r.slave)]))
+    return view
+
+
+def test_a_transaction_over_two_ranges_is_fenced_in_each_and_writes_nothing_if_refused(
+        router, bucket):
+    """With two ranges on one server, a transaction writing a bucket of each checks both
+    ranges' fences: refused by the second range's, it writes nothing in the first."""
+    two = _two_ranges(router)
+    m = two.shardmap
+    other = m.mod_ranges[1].lo + 3
+    assert [fencing.mod_home(m, b) for b in (bucket, other)] == [m.mod_ranges[0].lo,
+                                                                  m.mod_ranges[1].lo]
+    heir, zombie = fencing.FenceToken("t-mod", 4, 2), fencing.FenceToken("t-mod", 4, 1)
+    writer.write_mod(two, _username(other, "fence-test-c", 300), heir)  # the second range
+    both = _username(bucket, "fence-test-b", 100)
+    both.lookups[(other, "username_to_user")].append(("fence-test-c", 100))
+    try:
+        with pytest.raises(FencedError, match="fence 1 < 2"):
+            writer.write_mod(two, both, zombie)
+        assert _lookup(two, bucket, "fence-test-b") == []
+        assert _lookup(two, other, "fence-test-c") == [300]
+    finally:
+        q = mod_table(other, "username_to_user")
+        home = mod_table(m.mod_ranges[1].lo, "chunk_fences")
+        two.run_mod(other, lambda cur: (
+            cur.execute(f"DELETE FROM {q} WHERE username LIKE 'fence-test-%'"),
+            cur.execute(f"DELETE FROM {home} WHERE run_id = 't-mod'")))

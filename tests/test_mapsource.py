@@ -59,7 +59,7 @@ def private_control(settings):
     conn.close()
 
 
-def test_bucket_change_names_re_bucketing_and_moves_but_not_promotions(server_b):
+def test_bucket_change_names_re_bucketing_moves_and_re_cuts_but_not_promotions(server_b):
     doc = make_map_doc(server_b.port)
     old = ShardMap.from_dict(doc)
     assert bucket_change(old, ShardMap.from_dict(doc)) is None
@@ -71,6 +71,10 @@ def test_bucket_change_names_re_bucketing_and_moves_but_not_promotions(server_b)
     more["mod"]["buckets"] = TEST_BUCKETS * 2
     more["mod"]["ranges"][0]["range"] = [0, TEST_BUCKETS * 2 - 1]
     assert "mod.buckets changes from 64 to 128" in bucket_change(old, ShardMap.from_dict(more))
+    recut = json.loads(json.dumps(doc))  # same server, two ranges: their fences move
+    whole = recut["mod"]["ranges"][0]
+    recut["mod"]["ranges"] = [{**whole, "range": [0, 31]}, {**whole, "range": [32, 63]}]
+    assert "re-cut from 0-63 to 0-31, 32-63" in bucket_change(old, ShardMap.from_dict(recut))
 
 
 def test_a_reload_that_moves_buckets_waits_while_a_run_is_active(settings, private_control,

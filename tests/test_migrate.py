@@ -22,14 +22,9 @@ from sharding.ids import MAX_LOCAL
 from tests.conftest import run_farm
 from tests.contract_checker import check_migration
 from tests.farmkit import start_workers, stop
-from tests.migratekit import checksums, last_json, quarantine_rows, truncate_target
+from tests.migratekit import checksums, dsn_kwargs, last_json, quarantine_rows, truncate_target
 
 USERS = 250
-
-
-def _dsn_kwargs(dsn) -> dict:
-    return {"host": dsn.host, "port": dsn.port, "user": dsn.user, "password": dsn.password,
-            "database": dsn.database}
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +58,8 @@ def test_summary_matches_generator_expectation(migrated):
 
 
 def test_target_matches_contract(migrated, settings, map_path):
-    problems = check_migration(_dsn_kwargs(settings.legacy_dsn), json.loads(map_path.read_text()),
-                               quarantine_rows(_dsn_kwargs(settings.control_dsn),
+    problems = check_migration(dsn_kwargs(settings.legacy_dsn), json.loads(map_path.read_text()),
+                               quarantine_rows(dsn_kwargs(settings.control_dsn),
                                                migrated["summary"]["run_id"]))
     assert problems == []
 
@@ -98,7 +93,7 @@ def test_second_full_run_changes_nothing(migrated, farm_env, server_b):
 
 @pytest.mark.slow
 def test_verify_reports_corruption_with_legacy_key(migrated, farm_env, settings, router):
-    conn = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn))
+    conn = pymysql.connect(**dsn_kwargs(settings.legacy_dsn))
     with conn.cursor() as cur:
         cur.execute("SELECT id FROM pins WHERE id < (1 << 35) ORDER BY id LIMIT 2")
         tampered = [r[0] for r in cur.fetchall()]
@@ -203,7 +198,7 @@ def test_a_moved_pin_loses_its_old_board_row_though_its_chunk_is_killed_after_it
     (a removal left for the chunk's end would die with the process, and the re-run, finding
     the new document in place, would never know the old board), and stays gone."""
     rt = Runtime(settings.with_(redis_url=settings.redis_url))
-    legacy = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn), autocommit=True)
+    legacy = pymysql.connect(**dsn_kwargs(settings.legacy_dsn), autocommit=True)
     moved = None
     try:
         params, chunks, pin_chunk = _plan(settings, rt, 900, 300)
@@ -226,77 +221,6 @@ def test_a_moved_pin_loses_its_old_board_row_though_its_chunk_is_killed_after_it
             truncate_target(server_b.port)
         legacy.close()
         rt.close()
-
-
-@pytest.mark.slow
-def test_a_zombie_chunks_late_lookups_are_refused_after_its_successor_renamed_a_user(
-        migrated, settings, server_b, monkeypatch):
-    """A users chunk of several slices stalls after its mapping rows, right before its
-    lookups; a user of it is renamed in the legacy data and a successor (a higher fence)
-    loads the chunk to its end. The zombie's lookups, naming the user by its old name, are
-    refused by the mod bucket's fence: the old name names no one, the new one the user."""
-    from loaders.migration.verdicts import Verdicts
-    from shardfarm.errors import FencedError
-    from sharding.fencing import FenceToken
-    rt = Runtime(settings.with_(redis_url=settings.redis_url))
-    legacy = pymysql.connect(**_dsn_kwargs(settings.legacy_dsn), autocommit=True)
-    renamed: list = []
-    try:
-        truncate_target(server_b.port)
-        params, chunks = migration.plan(settings, rt.router, rt.ledger, 250, 100)
-        users = next(c for c in chunks if c.kind == "users" and len(c.args.get("slices", [])) > 1)
-        sels = migration.selections(users.args["lo"], users.args["hi"], users.args["slices"])
-        zombie, heir = FenceToken("t-zombie", 0, 1), FenceToken("t-zombie", 0, 2)
-
-        def state():
-            return migration.ProcessState(migration.LegacyReader(settings.legacy_dsn), {},
-                                          Verdicts())
-        real = writer.write_mod
-
-        def stall(router, rows, token=None):  # the zombie, at its chunk-end lookups
-            names = [r for (_, n), rs in sorted(rows.lookups.items()) if n == "username_to_user"
-                     for r in rs if r[1] & MAX_LOCAL < 1 << 35]  # local ID = legacy ID
-            if token == zombie and names and not renamed:
-                renamed.append(_rename(legacy, names[0][0], names[0][1] & MAX_LOCAL))
-                migration.load_slices(router, heir, state(), params, "users", sels,
-                                      lambda bad: None)
-            return real(router, rows, token)
-        monkeypatch.setattr(writer, "write_mod", stall)
-        with pytest.raises(FencedError, match="fence 1 < 2"):
-            migration.load_slices(rt.router, zombie, state(), params, "users", sels,
-                                  lambda bad: None)
-        old, new, user = renamed[0]
-        assert _users_named(rt.router, old) == []
-        assert [u & MAX_LOCAL for u in _users_named(rt.router, new)] == [user]
-    finally:
-        if renamed:
-            with legacy.cursor() as cur:
-                cur.execute("UPDATE users SET username = %s WHERE id = %s",
-                            (renamed[0][0], renamed[0][2]))
-        truncate_target(server_b.port)
-        legacy.close()
-        rt.close()
-
-
-def _rename(legacy, key: str, user: int) -> tuple[str, str, int]:
-    """Rename legacy user ``user`` (whose username is ``key`` in lower case): ``(old
-    username, new, user)``."""
-    with legacy.cursor() as cur:
-        cur.execute("SELECT username FROM users WHERE id = %s", (user,))
-        (old,) = cur.fetchone()
-        assert old.lower() == key
-        cur.execute("UPDATE users SET username = %s WHERE id = %s", (old + "-renamed", user))
-    return old, old + "-renamed", user
-
-
-def _users_named(router, username: str) -> list[int]:
-    """``username_to_user`` entries of ``username`` (in its bucket)."""
-    from sharding.modshard import bucket_of
-    key = username.lower()
-    b = bucket_of(key, router.shardmap.buckets)
-    return [int(r[0]) for r in router.run_mod(b, lambda cur: (cur.execute(
-        f"SELECT user_id FROM `mod{b:05d}`.`username_to_user` WHERE username = %s", (key,)),
-        cur.fetchall())[1])]
 
 
 def _plan(settings, rt, chunk_rows: int, slice_rows: int | None = None) -> tuple:

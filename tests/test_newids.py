@@ -2,10 +2,15 @@
 
 import threading
 
+import pytest
+
 from loaders.migration.newids import NewIds
 from loaders.migration.spec import SPEC
-from sharding import ids
-from sharding.schema import shard_table
+from shardfarm.errors import FencedError
+from sharding import fencing, ids
+from sharding.fencing import FenceToken
+from sharding.modshard import bucket_of, legacy_key
+from sharding.schema import mod_table, shard_table
 from tests.conftest import SHARDS_A, SHARDS_B
 
 FLOOR = ids.FIRST_ALLOCATED - 1  # every allocated local ID is above: 2**35 and up
@@ -95,3 +100,72 @@ def test_batched_allocations_race_agree_and_leave_one_row_each(router):
                             "AND local_id > %s", (FLOOR,), shard)
         assert sorted(r[0] for r in rows) == sorted(
             ids.decode(n).local for n in every.values() if ids.decode(n).shard == shard)
+
+
+ZOMBIE, HEIR = FenceToken("t-alloc", 0, 1), FenceToken("t-alloc", 0, 2)
+
+
+@pytest.fixture
+def moved_pin(router):
+    """A big legacy pin ID and two shards of one server it is placed on, the zombie's
+    placement first; its slots, lookup and fences are deleted after."""
+    legacy, s1, s2 = 2**52 + 77, SHARDS_B[0] + 2, SHARDS_B[0] + 5
+    b = bucket_of(legacy_key("pin", legacy), router.shardmap.buckets)
+    yield legacy, s1, s2, b
+    router.run_mod(b, lambda cur: cur.execute(
+        f"DELETE FROM {mod_table(b, 'legacy_id_map')} WHERE legacy_id = %s", (legacy,)))
+    home = fencing.mod_home(router.shardmap, b)
+    router.run_mod(home, lambda cur: cur.execute(
+        f"DELETE FROM {mod_table(home, 'chunk_fences')} WHERE run_id = 't-alloc'"))
+    for s in (s1, s2):
+        def clean(cur, s=s) -> None:
+            cur.execute(f"DELETE FROM {shard_table(s, 'pins')} WHERE local_id > %s", (FLOOR,))
+            cur.execute(f"DELETE FROM {shard_table(s, 'chunk_fences')} "
+                        "WHERE run_id = 't-alloc'")
+        router.run(s, clean)
+
+
+def _recorded(router, b: int, legacy: int) -> list[int]:
+    q = mod_table(b, "legacy_id_map")
+    return [int(r[0]) for r in router.run_mod(b, lambda cur: (cur.execute(
+        f"SELECT new_id FROM {q} WHERE legacy_id = %s", (legacy,)), cur.fetchall())[1])]
+
+
+def test_a_zombies_claim_after_its_successor_placed_the_id_elsewhere_is_refused(
+        router, moved_pin):
+    """The zombie looked the big ID up (nothing yet) and stalls; its successor, which reads
+    the object placed on another shard, allocates and claims it. The zombie's claim would
+    overwrite the successor's (a claim for another shard wins): the fence refuses it."""
+    legacy, s1, s2, b = moved_pin
+    zombie, heir = NewIds(router, token=ZOMBIE), NewIds(router, token=HEIR)
+    real = zombie._lookup
+
+    def stalled(keys):
+        found = real(keys)
+        heir.prepare([(SPEC["pins"], legacy, s2)])  # the successor, meanwhile
+        return found
+    zombie._lookup = stalled
+    with pytest.raises(FencedError, match="fence 1 < 2"):
+        zombie.prepare([(SPEC["pins"], legacy, s1)])
+    assert _recorded(router, b, legacy) == [heir.new_id(SPEC["pins"], legacy, s2)]
+
+
+def test_a_zombie_does_not_retire_the_slot_its_successor_wrote(router, moved_pin):
+    """The successor placed the big ID on its shard and wrote the object there (fenced);
+    the zombie, still placing it on its old shard, would retire that slot first: refused."""
+    legacy, s1, s2, b = moved_pin
+    heir = NewIds(router, token=HEIR)
+    heir.prepare([(SPEC["pins"], legacy, s2)])
+    new = heir.new_id(SPEC["pins"], legacy, s2)
+
+    def write(cur) -> None:  # the successor's object row, fenced like its loader's
+        fencing.check(cur, s2, HEIR)
+        cur.execute(f"UPDATE {shard_table(s2, 'pins')} SET active = 1, data = %s "
+                    "WHERE local_id = %s", (f'{{"legacy_id": {legacy}}}', new & ids.MAX_LOCAL))
+    router.run(s2, write)
+    with pytest.raises(FencedError, match="fence 1 < 2"):
+        NewIds(router, token=ZOMBIE).prepare([(SPEC["pins"], legacy, s1)])
+    q = shard_table(s2, "pins")
+    assert router.query(router.host_for(s2), f"SELECT active FROM {q} WHERE local_id = %s",
+                        (new & ids.MAX_LOCAL,), s2) == [(1,)]
+    assert _recorded(router, b, legacy) == [new]

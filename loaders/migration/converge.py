@@ -14,8 +14,9 @@ holds for that selection beyond them is stale and is taken out:
 - a username or e-mail lookup that named a retired user, or a user whose key changed,
   is deleted, then given to another valid user with that key if there is one.
 
-Every shard write is one fenced transaction; each step is idempotent, so a chunk or a
-sync batch killed half way converges when it runs again.
+Every shard write is one fenced transaction, and so is every mod-bucket write
+(``fencing.check_mod``); each step is idempotent, so a chunk or a sync batch killed half
+way converges when it runs again.
 """
 
 from __future__ import annotations

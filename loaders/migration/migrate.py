@@ -276,7 +276,8 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
     good = [(r, v) for r, v in judged if v.valid]
     bad = [(table, legacy_key(spec, r), v.reason, v.detail) for r, v in judged if not v.valid]
     check()
-    builder = Builder(spec, resolver, NewIds(router, st.id_cache), router.shardmap.buckets)
+    builder = Builder(spec, resolver, NewIds(router, st.id_cache, token),
+                      router.shardmap.buckets)
     target = builder.build(good)
     before = held(router, spec, sel, resolver)
 

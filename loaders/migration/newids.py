@@ -26,10 +26,12 @@ import orjson
 
 from loaders.migration import retire
 from loaders.migration.spec import LegacyTable
-from sharding import ids
+from sharding import fencing, ids
+from sharding.fencing import FenceToken
 from sharding.modshard import bucket_of, legacy_key
 from sharding.router import Router
 from sharding.schema import mod_table, shard_table
+from sharding.shardmap import ShardMap
 from sharding.slots import insert_allocated
 
 MAX_CACHE = 2_000_000
@@ -46,11 +48,14 @@ def fits(legacy: int) -> bool:
 
 class NewIds:
     """Resolves legacy IDs to new IDs through ``router`` (one chunk's); big-ID answers go
-    to ``cache``, which may outlive it (a process passes the same one to every chunk)."""
+    to ``cache``, which may outlive it (a process passes the same one to every chunk).
+    What it records and retires is fenced by ``token`` (the chunk's)."""
 
-    def __init__(self, router: Router, cache: IdCache | None = None) -> None:
+    def __init__(self, router: Router, cache: IdCache | None = None,
+                 token: FenceToken | None = None) -> None:
         self.router = router
         self.cache: IdCache = {} if cache is None else cache
+        self.token = token
 
     def known(self, table: LegacyTable, legacy: int) -> bool:
         """Whether ``new_id`` can answer for this legacy ID."""
@@ -98,7 +103,7 @@ class NewIds:
             if key in self.cache:
                 by_table.setdefault(tbl.name, (tbl, {}))[1][self.cache[key]] = key[1]
         for tbl, objects in by_table.values():
-            retire.moved(self.router, tbl, objects)
+            retire.moved(self.router, self.token, tbl, objects)
 
     def _placed(self, key: tuple[int, int], shard: int) -> bool:
         """Whether the cache knows the big legacy ID ``key`` on ``shard``."""
@@ -145,8 +150,8 @@ class NewIds:
                 mine[key] = ids.encode(shard, key[0], local)
         won: dict[tuple[int, int], int] = {}
         for run in self._by_bucket(mine):
-            won.update(self.router.run_mod(run[0][0], partial(_claim, run, mine),
-                                             multi=True))
+            won.update(self.router.run_mod(run[0][0], partial(
+                _claim, self.router.shardmap, self.token, run, mine), multi=True))
         lost: dict[tuple[int, str], list[int]] = defaultdict(list)
         for key, new in mine.items():
             if won[key] != new:
@@ -193,10 +198,12 @@ def _recorded(run: list[tuple[int, list]], cur) -> dict[tuple[int, int], int]:
     return {(t, legacy): new for t, legacy, new in cur.fetchall()}
 
 
-def _claim(run: list[tuple[int, list]], mine: dict[tuple[int, int], int],
-           cur) -> dict[tuple[int, int], int]:
+def _claim(m: ShardMap, token: FenceToken | None, run: list[tuple[int, list]],
+           mine: dict[tuple[int, int], int], cur) -> dict[tuple[int, int], int]:
     """Record ``mine`` where nothing is recorded yet, or where the recorded ID is on
-    another shard (the row was placed elsewhere since); return what is recorded now."""
+    another shard (the row was placed elsewhere since), once ``token`` passed the fence;
+    return what is recorded now."""
+    fencing.check_mod(cur, m, [b for b, _ in run], token)
     cur.execute(";".join(
         f"INSERT INTO {mod_table(b, 'legacy_id_map')} (type_id, legacy_id, new_id) "
         "VALUES " + ",".join(f"({int(t)},{int(legacy)},{int(mine[(t, legacy)])})"

@@ -59,9 +59,11 @@ def remove(router: Router, token: FenceToken | None, table: LegacyTable,
     run_parallel([(one, shard) for shard in sorted({*retired, *unlinked})], THREADS)
 
 
-def moved(router: Router, table: LegacyTable, objects: dict[int, int]) -> None:
+def moved(router: Router, token: FenceToken | None, table: LegacyTable,
+          objects: dict[int, int]) -> None:
     """Retire the old slots of objects given a new ID on another shard, with the mapping
-    rows their documents implied (the new slot gets its own from the loader)."""
+    rows their documents implied (the new slot gets its own from the loader), fenced by
+    ``token``."""
     by_shard: dict[int, list[int]] = defaultdict(list)
     for new in objects:
         by_shard[new >> ids.SHARD_SHIFT].append(new & ids.MAX_LOCAL)
@@ -76,7 +78,7 @@ def moved(router: Router, table: LegacyTable, objects: dict[int, int]) -> None:
                                 part, shard)
             for local, data in rows:
                 edges |= derived(table, ids.encode(shard, t, local), loads(data))[0]
-    remove(router, None, table, objects, edges)
+    remove(router, token, table, objects, edges)
 
 
 def _retire(cur, shard: int, table: LegacyTable, objects: list[tuple[int, int]]) -> None:
