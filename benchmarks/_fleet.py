@@ -46,7 +46,7 @@ SHARDS_PER_PAIR = 512
 SHARDS = PAIRS * SHARDS_PER_PAIR  # 4,096
 BUCKETS = 4096
 TMP = "/dev/shm" if os.path.isdir("/dev/shm") else None
-# Each server holds 2,048 shard databases of 13 tables and 2,048 mod buckets of 3.
+# Each server holds 2,048 shard databases of 16 tables and 2,048 mod buckets of 4.
 SERVER_OPTIONS = {"table_open_cache": "40000", "table_definition_cache": "40000",
                   "innodb_buffer_pool_size": "1G"}
 TIMEOUT = 3600.0
