@@ -13,12 +13,13 @@ from sharding.fencing import FenceToken
 from sharding.ids import MAX_LOCAL
 from sharding.modshard import bucket_of
 from tests.conftest import run_farm
-from tests.migratekit import dsn_kwargs, truncate_target
+from tests.migratekit import dsn_kwargs, truncate_target, users_named
 
 
 @pytest.fixture(scope="module")
-def legacy_users(farm_env, settings, server_b):
-    """A generated legacy database (the target emptied before and after)."""
+def legacy_users(farm_env, settings, server_b, router, ledger):
+    """A generated legacy database, the test map's and the control databases created
+    (``router``, ``ledger``), the target emptied before and after."""
     redis.Redis.from_url(settings.redis_url).flushdb()
     truncate_target(server_b.port)
     out = run_farm(farm_env, "legacy", "generate", "--users", "250", "--seed", "11",
@@ -89,7 +90,4 @@ def _rename(legacy, key: str, user: int) -> tuple[str, str, int]:
 def _users_named(router, username: str) -> list[int]:
     """``username_to_user`` entries of ``username`` (in its bucket)."""
     key = username.lower()
-    b = bucket_of(key, router.shardmap.buckets)
-    return [int(r[0]) for r in router.run_mod(b, lambda cur: (cur.execute(
-        f"SELECT user_id FROM `mod{b:05d}`.`username_to_user` WHERE username = %s", (key,)),
-        cur.fetchall())[1])]
+    return users_named(router, bucket_of(key, router.shardmap.buckets), key)
