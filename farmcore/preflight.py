@@ -22,20 +22,16 @@ def ensure_control(dsn: DSN) -> None:
     control_schema.ensure(dsn)
 
 
-def shard_has_tables(router: Router, host: Host, shard: int) -> bool:
-    """Whether the database of ``shard`` holds any table on ``host``."""
+def holds(router: Router, host: Host, db: str, table: str | None = None,
+          shard: int | None = None) -> bool:
+    """Whether database ``db`` holds any table on ``host`` (or, given, table ``table``: a
+    fleet provisioned before mod-bucket writes were fenced lacks ``chunk_fences`` there);
+    an error names ``shard`` if given."""
+    sql, params = "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s", [db]
+    if table is not None:
+        sql, params = f"{sql} AND table_name = %s", [db, table]
     with router.connection(host, shard) as conn, conn.cursor() as cur:
-        cur.execute("SELECT COUNT(*) FROM information_schema.tables "
-                    "WHERE table_schema = %s", (shard_db(shard),))
-        return bool(cur.fetchone()[0])
-
-
-def mod_has_fences(router: Router, host: Host, bucket: int) -> bool:
-    """Whether the database of mod bucket ``bucket`` holds its ``chunk_fences`` on ``host``
-    (fleets provisioned before mod-bucket writes were fenced lack it)."""
-    with router.connection(host) as conn, conn.cursor() as cur:
-        cur.execute("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = %s "
-                    "AND table_name = 'chunk_fences'", (mod_db(bucket),))
+        cur.execute(sql, params)
         return bool(cur.fetchone()[0])
 
 
@@ -51,11 +47,11 @@ def preflight(settings: Settings, router: Router) -> None:
     for r in m.shard_ranges:
         for shard in {r.lo, r.hi}:
             host = m.master(shard)
-            if not shard_has_tables(router, host, shard):
+            if not holds(router, host, shard_db(shard), shard=shard):
                 raise ConfigError(f"shard {shard} has no tables on {host.name}: "
                                   "run 'farm shards init' first")
     for r in m.mod_ranges:
         host = m.mod_master(r.lo)
-        if not mod_has_fences(router, host, r.lo):
+        if not holds(router, host, mod_db(r.lo), "chunk_fences"):
             raise ConfigError(f"mod bucket {r.lo} has no chunk_fences table on {host.name}: "
                               "run 'farm shards init' (it adds what this version needs)")

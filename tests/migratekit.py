@@ -37,6 +37,13 @@ def dsn_kwargs(dsn) -> dict:
             "database": dsn.database}
 
 
+def users_named(router, b: int, key: str) -> list[int]:
+    """The user IDs ``username_to_user`` of mod bucket ``b`` gives for ``key``."""
+    return [int(r[0]) for r in router.run_mod(b, lambda cur: (cur.execute(
+        f"SELECT user_id FROM `{mod_db(b)}`.`username_to_user` WHERE username = %s", (key,)),
+        cur.fetchall())[1])]
+
+
 def truncate_target(port_b: int) -> None:
     """Empty every shard and mod table of the test map."""
     for port, tables in _servers(port_b).items():

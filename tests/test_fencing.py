@@ -15,6 +15,7 @@ from sharding.router import Router
 from sharding.schema import mod_table, shard_table
 from sharding.shardmap import Range, ShardMap
 from tests.conftest import SHARDS_A
+from tests.migratekit import users_named
 
 ONCE = RetryPolicy(attempts=1)
 
@@ -90,12 +91,6 @@ def bucket(router):
     router.run_mod(b, clean)
 
 
-def _lookup(router: Router, b: int, key: str) -> list[int]:
-    q = mod_table(b, "username_to_user")
-    return [int(r[0]) for r in router.run_mod(b, lambda cur: (cur.execute(
-        f"SELECT user_id FROM {q} WHERE username = %s", (key,)), cur.fetchall())[1])]
-
-
 def _username(b: int, key: str, user_id: int) -> TargetRows:
     rows = TargetRows()
     rows.lookups[(b, "username_to_user")].append((key, user_id))
@@ -115,9 +110,9 @@ def test_a_zombies_lookups_and_their_removal_after_its_successors_are_refused(ro
                       "WHERE username = %s", (key,))
     with pytest.raises(FencedError, match="fence 1 < 2"):
         writer.run_mod_statements(router, [delete], zombie)
-    assert _lookup(router, bucket, key) == [200]
+    assert users_named(router, bucket, key) == [200]
     writer.write_mod(router, _username(bucket, key, 100), heir)  # the heir still writes
-    assert _lookup(router, bucket, key) == [100]
+    assert users_named(router, bucket, key) == [100]
 
 
 def test_a_mod_fence_raised_after_the_transactions_snapshot_still_refuses(router, bucket):
@@ -162,8 +157,8 @@ def test_a_transaction_over_two_ranges_is_fenced_in_each_and_writes_nothing_if_r
     try:
         with pytest.raises(FencedError, match="fence 1 < 2"):
             writer.write_mod(two, both, zombie)
-        assert _lookup(two, bucket, "fence-test-b") == []
-        assert _lookup(two, other, "fence-test-c") == [300]
+        assert users_named(two, bucket, "fence-test-b") == []
+        assert users_named(two, other, "fence-test-c") == [300]
     finally:
         q = mod_table(other, "username_to_user")
         home = mod_table(m.mod_ranges[1].lo, "chunk_fences")
