@@ -32,6 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rq import Worker
@@ -40,6 +41,7 @@ from benchmarks import _fleet, fleet_refs
 from benchmarks._bench import Measure
 from benchmarks._fleet import Fleet, fleet, say
 from exporters import export as exporter
+from farmcore import prune
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from jobs.runtime import Runtime
@@ -48,6 +50,7 @@ from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
 from loaders.migration import migrate as migration
 from shardfarm.settings import Settings
+from sharding import fencing
 from workers import launch
 
 DATE = "2026-11-20"
@@ -164,9 +167,21 @@ def measure(f: Fleet, kinds: list[str], scratch: Path) -> dict[str, dict]:
             say(f"{kind.name}: {json.dumps(out[kind.name])}")
         say(f"{NOOP_CHUNKS} no-op chunks")
         out["no-op chunks"] = timed_run(f, rt, noop_run, FARM_JOB_MODULES=NOOP_MODULE)
+        out["runs prune"] = prune_all(rt)
     finally:
         rt.close()
     return out
+
+
+def prune_all(rt: Runtime) -> dict:
+    """``farm runs prune`` of every run above (ended a second ago or more): its seconds, the
+    runs and chunks it removed, and the fence rows it deleted on every shard and bucket."""
+    time.sleep(1.1)
+    say("farm runs prune --older-than 1s: every run above, its fences on every shard")
+    start = time.perf_counter()
+    report = prune.prune(rt.ledger.pool, 1, fences=partial(fencing.forget, rt.router))
+    return {"seconds": round(time.perf_counter() - start, 1), "chunks": report.chunks,
+            "rows": report.fences, "runs": report.runs}
 
 
 def on_layout(per_pair: int, users: int, kinds: list[str]) -> dict[str, dict]:
@@ -183,7 +198,7 @@ def on_layout(per_pair: int, users: int, kinds: list[str]) -> dict[str, dict]:
 
 
 def print_table(shards: int, results: dict[str, dict]) -> None:
-    """One line per kind."""
+    """One line per kind (for ``runs prune``, rows are the fence rows it deleted)."""
     print(f"\n{shards:,} shards, {_fleet.BUCKETS:,} mod buckets, 2 servers, {WORKERS} workers")
     print(f"{'kind':<14}{'seconds':>9}{'chunks':>8}{'rows':>10}{'plan s':>8}{'plan q':>8}"
           f"{'ms/chunk outside handler':>26}{'ref. rows':>11}{'ref. s':>8}{'ratio':>7}")

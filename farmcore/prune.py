@@ -8,6 +8,9 @@ so pruning never holds a long transaction or a big lock over the ledger workers 
 the run's own row goes last, so a prune that dies half way is finished by the next one.
 Only runs whose status is ``done`` (and ``failed`` when asked) and that ended before
 the cut-off are touched, and only if none of their chunks is pending or running.
+Their fence rows on the shards and mod buckets go first (``fences``, given by the caller:
+``sharding.fencing.forget``), all at once, before any ledger row: if that fails, nothing
+of the ledger has changed and the next prune tries again.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class PruneReport:
     chunks: int = 0
     quarantine: int = 0
     mismatches: int = 0
+    fences: int = 0
     batches: int = 0
     dry_run: bool = False
 
@@ -62,13 +66,20 @@ def prunable(pool: Pool, older_than_s: int, include_failed: bool = False) -> lis
         "ORDER BY r.finished_at", (*states, older_than_s))]
 
 
+Fences = Callable[[list[str], bool], int]  # (run IDs, dry run) -> fence rows deleted (counted)
+
+
 def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 5000,
-          include_failed: bool = False,
+          include_failed: bool = False, fences: Fences | None = None,
           on_batch: Callable[[str, str, int], None] | None = None) -> PruneReport:
-    """Archive and delete every prunable run (see ``prunable``); ``on_batch(run_id, table,
-    deleted)`` is called after each DELETE."""
+    """Archive and delete every prunable run (see ``prunable``), after ``fences(run_ids,
+    dry_run)`` deleted (or counted) their fence rows; ``on_batch(run_id, table, deleted)``
+    is called after each DELETE."""
     report = PruneReport(dry_run=dry_run)
-    for run_id in prunable(pool, older_than_s, include_failed):
+    runs = prunable(pool, older_than_s, include_failed)
+    if fences and runs:
+        report.fences = fences(runs, dry_run)
+    for run_id in runs:
         report.runs += 1
         if dry_run:
             for table, label in CHILD_TABLES:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 
 import click
 
@@ -16,6 +17,7 @@ from scripts.app import App
 from scripts.follow import finish, show_summary
 from scripts.options import AS_JSON, emit, farm_options, shared_flags
 from scripts.render import compact, echo_lines, runs_lines, status_lines
+from sharding import fencing
 
 
 @click.command("status")
@@ -84,11 +86,13 @@ def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
 def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
               batch: int) -> None:
     """Delete the chunks, quarantined rows and verify findings of runs that ended more than
-    AGE ago, in bounded batches, keeping a one-row summary of each in runs_archive. A run
-    with a chunk pending or running is never touched. Prints what went as JSON."""
+    AGE ago, in bounded batches, keeping a one-row summary of each in runs_archive, and
+    their fence rows on every shard and mod bucket. A run with a chunk pending or running
+    is never touched. Prints what went as JSON."""
     age = prune.parse_age(older_than)
     emit(prune.prune(app.runtime.ledger.pool, age, dry_run=dry_run, batch=batch,
-                     include_failed=include_failed).as_dict())
+                     include_failed=include_failed,
+                     fences=partial(fencing.forget, app.runtime.router)).as_dict())
 
 
 @click.command("resume")

@@ -22,20 +22,30 @@ stamp), so a worker with a stale map can never write to a shard's old home.
 Both checks also come queued (``queue_check``, ``queue_check_map``) for a pipeline
 (``shardfarm.mysql.pipeline``): the statements are the same, sent as the pipeline's
 guards and judged before any write they guard is sent.
+
+Fence rows outlive their run only until it is pruned (``forget``, called by
+``farm runs prune`` before the ledger forgets the run): a run that ended weeks ago has no
+chunk left whose zombie could write, and on 4,096 shards a migration leaves a row per
+chunk on each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from shardfarm.errors import FencedError, ShardFrozenError, StaleMapError
-from shardfarm.mysql.pipeline import Pipeline
+from shardfarm.mysql.pipeline import Pipeline, Result
 from sharding.schema import mod_table, shard_table
 
 if TYPE_CHECKING:
+    from sharding.router import Router
     from sharding.shardmap import ShardMap
+
+RUNS_PER_STATEMENT = 500  # run IDs in one DELETE's IN list
+GROUP = 128  # shards or mod buckets of one server per transaction
 
 
 @dataclass(frozen=True)
@@ -144,3 +154,49 @@ def state(cur, shard: int) -> tuple[int, bool]:
                 "WHERE id = 1")
     row = cur.fetchone()
     return (int(row[0]), bool(row[1])) if row else (0, False)
+
+
+def forget(router: Router, run_ids: Sequence[str], dry_run: bool = False) -> int:
+    """Delete the ``chunk_fences`` rows of ``run_ids`` (runs that ended long ago) on every
+    shard of the map and every mod bucket; with ``dry_run``, only count them. Returns the
+    rows. A transaction per ``GROUP`` shards or buckets of one server, each sent as a few
+    round trips; a shard frozen for a move refuses it (``ShardFrozenError``), as it refuses
+    every write."""
+    if not run_ids:
+        return 0
+    ids = sorted(set(run_ids))
+    found: dict[tuple[str, int], int] = {}  # per table and statement: a retry counts once
+
+    def queue(pipe: Pipeline, q: str) -> None:
+        for i in range(0, len(ids), RUNS_PER_STATEMENT):
+            part = ids[i:i + RUNS_PER_STATEMENT]
+            verb = "SELECT COUNT(*) FROM" if dry_run else "DELETE FROM"
+            pipe.add(f"{verb} {q} WHERE run_id IN ({','.join(['%s'] * len(part))})", part,
+                     check=partial(_note, found, (q, i), dry_run))
+    m = router.shardmap
+    for group in router.server_groups(list(m.shards()), most=GROUP):
+        router.run_group(group, lambda pipe, s: queue(pipe, shard_table(s, "chunk_fences")),
+                         pipelined=True)
+    for group in _bucket_groups(m):
+        router.run_mod(group[0], partial(_each_bucket, group, queue), multi=True)
+    return sum(found.values())
+
+
+def _note(found: dict, key: tuple[str, int], dry_run: bool, res: Result) -> None:
+    found[key] = int(res.rows[0][0]) if dry_run else res.rowcount
+
+
+def _bucket_groups(m: ShardMap) -> list[list[int]]:
+    """Every mod bucket, in ascending groups of at most ``GROUP`` on one server."""
+    by_server: dict[tuple, list[int]] = {}
+    for b in range(m.buckets):
+        by_server.setdefault(m.mod_master(b).server, []).append(b)
+    return [g[i:i + GROUP] for g in by_server.values() for i in range(0, len(g), GROUP)]
+
+
+def _each_bucket(buckets: list[int], queue: Callable[[Pipeline, str], None], cur) -> None:
+    """Inside a transaction on one mod server: ``queue`` each bucket's fences, then send."""
+    pipe = Pipeline(cur)
+    for b in buckets:
+        queue(pipe, mod_table(b, "chunk_fences"))
+    pipe.flush()

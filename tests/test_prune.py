@@ -2,6 +2,7 @@
 and the ledger's size per chunk row ('farm runs', 'farm status')."""
 
 import json
+from functools import partial
 
 import pymysql
 import pytest
@@ -9,7 +10,9 @@ import pytest
 from farmcore import prune
 from farmcore.ledger import ChunkSpec
 from shardfarm.errors import UsageError
-from tests.conftest import run_farm
+from sharding import fencing
+from sharding.schema import mod_table, shard_table
+from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS, run_farm
 
 
 def sql(settings, statement, args=()):
@@ -96,6 +99,43 @@ def test_every_delete_is_bounded_by_the_batch(ledger, settings):
     assert rows_of(settings, run_id)["runs"] == 0
 
 
+FENCED = [("db", SHARDS_A[0]), ("db", SHARDS_B[1]), ("mod", 0), ("mod", TEST_BUCKETS - 1)]
+
+
+def fence_tables(router):
+    """(master host, fences table) of a shard on each server and two mod buckets."""
+    m = router.shardmap
+    return [(m.master(n), shard_table(n, "chunk_fences")) if kind == "db" else
+            (m.mod_master(n), mod_table(n, "chunk_fences")) for kind, n in FENCED]
+
+
+def fences_of(router, run_id):
+    """The run's fence rows in each of ``fence_tables``, read with plain SQL."""
+    return [router.query(host, f"SELECT COUNT(*) FROM {q} WHERE run_id = %s", (run_id,))[0][0]
+            for host, q in fence_tables(router)]
+
+
+def test_prune_deletes_the_fence_rows_of_the_runs_it_prunes_only(ledger, settings, router,
+                                                                  made):
+    tables = fence_tables(router)
+    for run in ("old_done", "recent"):
+        for host, q in tables:
+            for chunk in (0, 1):
+                router.run_on(host, lambda cur, q=q, c=chunk, r=made[run]: cur.execute(
+                    f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, %s, 3)", (r, c)))
+    forget = partial(fencing.forget, router)
+    counted = prune.prune(ledger.pool, 30 * 86400, dry_run=True, fences=forget)
+    assert counted.fences >= 2 * len(tables) and fences_of(router, made["old_done"]) == [2] * 4
+    report = prune.prune(ledger.pool, 30 * 86400, fences=forget)
+    assert report.fences == counted.fences and report.runs == counted.runs
+    assert fences_of(router, made["old_done"]) == [0] * 4
+    assert fences_of(router, made["recent"]) == [2] * 4  # a run kept keeps its fences
+    assert rows_of(settings, made["old_done"])["runs"] == 0
+    for host, q in tables:
+        router.run_on(host, lambda cur, q=q: cur.execute(
+            f"DELETE FROM {q} WHERE run_id = %s", (made["recent"],)))
+
+
 @pytest.mark.parametrize("bad", ["30", "0d", "abc", "-3d", "30 days", ""])
 def test_a_bad_age_is_a_usage_error(bad):
     with pytest.raises(UsageError, match="--older-than"):
@@ -118,6 +158,7 @@ def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, setting
     out = run_farm(env, "runs", "prune", "--older-than", "30d", "--batch", "2")
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["runs"] >= 1 and doc["batches"] >= 3
+    assert doc["fences"] >= 0  # every shard and mod bucket was reached
     assert rows_of(settings, made["old_done"])["runs"] == 0
     out = run_farm(env, "runs", "--limit", "3")
     assert out.returncode == 0 and "bytes per chunk row" in out.stdout.splitlines()[-1]
