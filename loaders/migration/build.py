@@ -25,6 +25,13 @@ class TargetRows:
     mappings: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
     lookups: dict[tuple[int, str], list[tuple]] = field(default_factory=lambda: defaultdict(list))
 
+    def extend(self, other: TargetRows) -> None:
+        """Add ``other``'s rows to these, destination by destination."""
+        for mine, theirs in ((self.objects, other.objects), (self.mappings, other.mappings),
+                             (self.lookups, other.lookups)):
+            for key, rows in theirs.items():
+                mine[key] += rows
+
     def count(self) -> dict[str, int]:
         """Rows per target table."""
         out: dict[str, int] = defaultdict(int)

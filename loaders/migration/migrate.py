@@ -247,10 +247,7 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
     read, counts = 0, Counter()
     for sel in sels:
         done = _load_slice(router, token, st, params, spec, sel, check, len(sels) > 1)
-        for key, rows in done.later.mappings.items():
-            later.mappings[key] += rows
-        for key, rows in done.later.lookups.items():
-            later.lookups[key] += rows
+        later.extend(done.later)
         bad += done.bad
         read += done.read
         counts.update(done.counts)
