@@ -9,7 +9,7 @@ import pytest
 
 from farmcore import prune
 from farmcore.ledger import ChunkSpec
-from shardfarm.errors import UsageError
+from shardfarm.errors import ShardFrozenError, UsageError
 from sharding import fencing
 from sharding.schema import mod_table, shard_table
 from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS, run_farm
@@ -134,6 +134,28 @@ def test_prune_deletes_the_fence_rows_of_the_runs_it_prunes_only(ledger, setting
     for host, q in tables:
         router.run_on(host, lambda cur, q=q: cur.execute(
             f"DELETE FROM {q} WHERE run_id = %s", (made["recent"],)))
+
+
+def test_a_shard_frozen_for_a_move_stops_the_prune_before_the_ledger_changes(
+        ledger, settings, router, made):
+    shard = SHARDS_B[0]
+    q = shard_table(shard, "shard_state")
+    host = router.shardmap.master(shard)
+    before = router.query(host, f"SELECT map_version, frozen FROM {q} WHERE id = 1")
+    router.run_on(host, lambda cur: cur.execute(
+        f"INSERT INTO {q} (id, map_version, frozen) VALUES (1, 0, 1) "
+        "ON DUPLICATE KEY UPDATE frozen = 1"))
+    try:
+        with pytest.raises(ShardFrozenError, match=f"shard {shard} is frozen"):
+            prune.prune(ledger.pool, 30 * 86400, fences=partial(fencing.forget, router))
+        assert rows_of(settings, made["old_done"]) == {"runs": 1, "chunks": 5,
+                                                      "quarantine": 1, "verify_mismatches": 1}
+    finally:
+        router.run_on(host, lambda cur: cur.execute(
+            f"DELETE FROM {q} WHERE id = 1") if not before else cur.execute(
+            f"UPDATE {q} SET map_version = %s, frozen = %s WHERE id = 1", before[0]))
+    prune.prune(ledger.pool, 30 * 86400, fences=partial(fencing.forget, router))
+    assert rows_of(settings, made["old_done"])["runs"] == 0  # the next prune does it
 
 
 @pytest.mark.parametrize("bad", ["30", "0d", "abc", "-3d", "30 days", ""])
