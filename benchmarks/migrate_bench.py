@@ -144,10 +144,33 @@ def run_scaled(bench: Bench, users: int, chunk_rows: int, digests: bool = False)
         print(fmt_row(m))
     print(f"migrate W=2: {w2.usage}")
     print_server_side(w2, load)
+    print_timeline(bench, "farm_control_w2", 2)
     ratio = w2.target.rate / load.rate
     print(f"ratio (target rows/s, {users:,} users): migration(W=2)/LOAD DATA = "
           f"{ratio:.2f} (goal >= 0.75)")
     return ratio
+
+
+def print_timeline(bench: Bench, control: str, workers: int) -> None:
+    """The latest run's chunks in the order they started: table, legacy rows read, start
+    (seconds after the first) and seconds; then the worker-seconds without a chunk in hand
+    (``workers`` × span − Σ chunk seconds), most of them a worker waiting for the last."""
+    conn = bench.connect(database=control)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT JSON_VALUE(args, '$.table'), rows_read, started_at, finished_at "
+                        "FROM chunks WHERE run_id = (SELECT run_id FROM runs ORDER BY "
+                        "created_at DESC LIMIT 1) ORDER BY started_at")
+            chunks = cur.fetchall()
+    finally:
+        conn.close()
+    t0, end = chunks[0][2], max(c[3] for c in chunks)
+    print("chunks (table rows start+seconds): " + ", ".join(
+        f"{t} {n:,} {(a - t0).total_seconds():.1f}+{(b - a).total_seconds():.1f}"
+        for t, n, a, b in chunks))
+    busy = sum((b - a).total_seconds() for _, _, a, b in chunks)
+    print(f"worker-seconds without a chunk: {workers * (end - t0).total_seconds() - busy:.1f} "
+          f"of {workers * (end - t0).total_seconds():.1f}")
 
 
 def print_server_side(w2: Migration, load: Measure) -> None:
