@@ -46,10 +46,10 @@ def settle(connect: Callable[[], pymysql.Connection], timeout: float = 120) -> N
             cur.execute("SELECT @@innodb_max_dirty_pages_pct, @@innodb_io_capacity, "
                         "@@innodb_io_capacity_max")
             pct, io, io_max = cur.fetchone()
-            cur.execute("SET GLOBAL innodb_max_dirty_pages_pct = 0")
-            cur.execute(f"SET GLOBAL innodb_io_capacity_max = {2 * SETTLE_IO_CAPACITY}")
-            cur.execute(f"SET GLOBAL innodb_io_capacity = {SETTLE_IO_CAPACITY}")
             try:
+                cur.execute("SET GLOBAL innodb_max_dirty_pages_pct = 0")
+                cur.execute(f"SET GLOBAL innodb_io_capacity_max = {2 * SETTLE_IO_CAPACITY}")
+                cur.execute(f"SET GLOBAL innodb_io_capacity = {SETTLE_IO_CAPACITY}")
                 while time.monotonic() < deadline:
                     cur.execute("SHOW GLOBAL STATUS WHERE Variable_name IN "
                                 "('Innodb_history_list_length', "

@@ -32,7 +32,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 from rq import Worker
@@ -174,14 +173,17 @@ def measure(f: Fleet, kinds: list[str], scratch: Path) -> dict[str, dict]:
 
 
 def prune_all(rt: Runtime) -> dict:
-    """``farm runs prune`` of every run above (ended a second ago or more): its seconds, the
-    runs and chunks it removed, and the fence rows it deleted on every shard and bucket."""
+    """What ``farm runs prune`` does, for every run above (ended a second ago or more; the
+    command itself waits a day): the fence rows of those runs deleted on every shard and
+    mod bucket, then their ledger rows; the seconds, the runs and chunks removed, and the
+    fence rows (``rows``)."""
     time.sleep(1.1)
-    say("farm runs prune --older-than 1s: every run above, its fences on every shard")
+    say("pruning every run above: its fences on every shard and bucket, its ledger rows")
     start = time.perf_counter()
-    report = prune.prune(rt.ledger.pool, 1, fences=partial(fencing.forget, rt.router))
+    fences = fencing.forget(rt.router, prune.prunable(rt.ledger.pool, 1))
+    report = prune.prune(rt.ledger.pool, 1)
     return {"seconds": round(time.perf_counter() - start, 1), "chunks": report.chunks,
-            "rows": report.fences, "runs": report.runs}
+            "rows": fences, "runs": report.runs}
 
 
 def on_layout(per_pair: int, users: int, kinds: list[str]) -> dict[str, dict]:

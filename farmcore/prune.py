@@ -9,8 +9,10 @@ the run's own row goes last, so a prune that dies half way is finished by the ne
 Only runs whose status is ``done`` (and ``failed`` when asked) and that ended before
 the cut-off are touched, and only if none of their chunks is pending or running.
 Their fence rows on the shards and mod buckets go first (``fences``, given by the caller:
-``sharding.fencing.forget``), all at once, before any ledger row: if that fails, nothing
-of the ledger has changed and the next prune tries again.
+``sharding.fencing.forget``), for all of them before any ledger row: if that fails half
+way, some fences are gone but nothing of the ledger, and the next prune finishes. As the
+fences are what refuse a stalled worker that wakes up, they go (and so the run) 1 day
+after the run ended at the earliest (``FENCE_FLOOR_S``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from shardfarm.errors import UsageError
+from shardfarm.errors import FarmError, UsageError
 from shardfarm.mysql.pool import Pool
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -54,48 +56,90 @@ class PruneReport:
         return asdict(self)
 
 
+# a run none of whose chunks is pending or running (``r``: the run's row)
+_NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks c WHERE c.run_id = r.run_id AND c.state IN "
+                 "('pending', 'running'))")
+
+
+def _ended(include_failed: bool) -> tuple[str, tuple[str, ...]]:
+    """The condition on ``r.status`` of a run that may be pruned, and its parameters."""
+    states = ("done", "failed") if include_failed else ("done",)
+    return f"r.status IN ({','.join(['%s'] * len(states))})", states
+
+
 def prunable(pool: Pool, older_than_s: int, include_failed: bool = False) -> list[str]:
     """Runs that ended more than ``older_than_s`` seconds ago, oldest first, with no chunk
     pending or running (``done`` runs; ``failed`` ones too when asked)."""
-    states = ("done", "failed") if include_failed else ("done",)
-    marks = ",".join(["%s"] * len(states))
+    status, states = _ended(include_failed)
     return [r[0] for r in pool.query(
-        f"SELECT r.run_id FROM runs r WHERE r.status IN ({marks}) AND r.finished_at IS NOT NULL "
-        "AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND NOT EXISTS (SELECT 1 FROM chunks c "
-        "WHERE c.run_id = r.run_id AND c.state IN ('pending', 'running')) "
+        f"SELECT r.run_id FROM runs r WHERE {status} AND r.finished_at IS NOT NULL "
+        f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT} "
         "ORDER BY r.finished_at", (*states, older_than_s))]
 
 
 Fences = Callable[[list[str], bool], int]  # (run IDs, dry run) -> fence rows deleted (counted)
+# A run's fence rows are what refuse a stalled worker of it that wakes up and writes (a
+# zombie): they go with the run, so a run is pruned this long after it ended at the earliest.
+FENCE_FLOOR_S = 86400
 
 
 def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 5000,
           include_failed: bool = False, fences: Fences | None = None,
           on_batch: Callable[[str, str, int], None] | None = None) -> PruneReport:
     """Archive and delete every prunable run (see ``prunable``), after ``fences(run_ids,
-    dry_run)`` deleted (or counted) their fence rows; ``on_batch(run_id, table, deleted)``
-    is called after each DELETE."""
+    dry_run)`` deleted (or counted) their fence rows (then ``older_than_s`` must be
+    ``FENCE_FLOOR_S`` at least); ``on_batch(run_id, table, deleted)`` is called after each
+    DELETE. A run given back meanwhile (``farm retry-failed``) keeps its ledger rows."""
+    if fences is not None and older_than_s < FENCE_FLOOR_S:
+        raise UsageError(f"--older-than {older_than_s}s: a run is pruned 1d after it ended at "
+                         "the earliest (until then a stalled worker of it could still write, "
+                         "and its fence rows, pruned with it, refuse that); give 1d or more")
     report = PruneReport(dry_run=dry_run)
     runs = prunable(pool, older_than_s, include_failed)
     if fences and runs:
-        report.fences = fences(runs, dry_run)
+        report.fences = _forget_fences(fences, runs, dry_run)
     for run_id in runs:
-        report.runs += 1
         if dry_run:
+            report.runs += 1
             for table, label in CHILD_TABLES:
                 n = pool.query(f"SELECT COUNT(*) FROM {table} WHERE run_id = %s", (run_id,))
                 setattr(report, label, getattr(report, label) + int(n[0][0]))
-            continue
-        _archive(pool, run_id)
-        for table, label in CHILD_TABLES:
-            while n := pool.execute(f"DELETE FROM {table} WHERE run_id = %s LIMIT %s",
-                                    (run_id, batch)):
-                setattr(report, label, getattr(report, label) + n)
-                report.batches += 1
-                if on_batch:
-                    on_batch(run_id, table, n)
-        pool.execute("DELETE FROM runs WHERE run_id = %s", (run_id,))
+        elif _still_prunable(pool, run_id, include_failed):
+            report.runs += 1
+            _delete_run(pool, run_id, batch, report, on_batch)
     return report
+
+
+def _forget_fences(fences: Fences, runs: list[str], dry_run: bool) -> int:
+    """``fences(runs, dry_run)``, its error saying which step failed and what it left."""
+    try:
+        return fences(runs, dry_run)
+    except FarmError as exc:
+        raise type(exc)(f"deleting the fence rows of {len(runs)} run(s) on the shards and mod "
+                        f"buckets: {exc} (nothing of the ledger was pruned; run the prune "
+                        "again once this is fixed)") from None
+
+
+def _still_prunable(pool: Pool, run_id: str, include_failed: bool) -> bool:
+    """Whether the run is still ended with no chunk pending or running (a run given back by
+    ``farm retry-failed`` while its fences were deleted is not)."""
+    status, states = _ended(include_failed)
+    return bool(pool.query(f"SELECT 1 FROM runs r WHERE r.run_id = %s AND {status} AND "
+                           f"{_NOTHING_LEFT}", (run_id, *states)))
+
+
+def _delete_run(pool: Pool, run_id: str, batch: int, report: PruneReport,
+                on_batch: Callable[[str, str, int], None] | None) -> None:
+    """Archive the run's summary, then delete its rows ``batch`` at a time, its own last."""
+    _archive(pool, run_id)
+    for table, label in CHILD_TABLES:
+        while n := pool.execute(f"DELETE FROM {table} WHERE run_id = %s LIMIT %s",
+                                (run_id, batch)):
+            setattr(report, label, getattr(report, label) + n)
+            report.batches += 1
+            if on_batch:
+                on_batch(run_id, table, n)
+    pool.execute("DELETE FROM runs WHERE run_id = %s", (run_id,))
 
 
 def _archive(pool: Pool, run_id: str) -> None:

@@ -76,7 +76,7 @@ def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
 
 @runs_cmd.command("prune")
 @click.option("--older-than", "older_than", required=True, metavar="AGE",
-              help="Prune runs that ended more than AGE ago: 30d, 12h, 90m, 2w.")
+              help="Prune runs that ended more than AGE ago, 1d at least: 30d, 36h, 2w.")
 @click.option("--dry-run", is_flag=True, help="Only count what would go.")
 @click.option("--include-failed", is_flag=True,
               help="Failed runs too (default: only runs whose every chunk is done).")

@@ -24,9 +24,9 @@ Both checks also come queued (``queue_check``, ``queue_check_map``) for a pipeli
 guards and judged before any write they guard is sent.
 
 Fence rows outlive their run only until it is pruned (``forget``, called by
-``farm runs prune`` before the ledger forgets the run): a run that ended weeks ago has no
-chunk left whose zombie could write, and on 4,096 shards a migration leaves a row per
-chunk on each.
+``farm runs prune`` before the ledger forgets the run, a day after the run ended at the
+earliest: a worker stalled longer than that is not expected to wake up and write); on
+4,096 shards a migration leaves a row per chunk on each.
 """
 
 from __future__ import annotations
@@ -41,11 +41,15 @@ from shardfarm.mysql.pipeline import Pipeline, Result
 from sharding.schema import mod_table, shard_table
 
 if TYPE_CHECKING:
+    from pymysql.cursors import Cursor
+
     from sharding.router import Router
     from sharding.shardmap import ShardMap
 
-RUNS_PER_STATEMENT = 500  # run IDs in one DELETE's IN list
-GROUP = 128  # shards or mod buckets of one server per transaction
+# run IDs in one DELETE's IN list, and shards or mod buckets of one server per transaction:
+# a transaction deletes at most GROUP x RUNS_PER_STATEMENT x (chunks of a run per shard) rows
+RUNS_PER_STATEMENT = 100
+GROUP = 32
 
 
 @dataclass(frozen=True)
@@ -158,31 +162,31 @@ def state(cur, shard: int) -> tuple[int, bool]:
 
 def forget(router: Router, run_ids: Sequence[str], dry_run: bool = False) -> int:
     """Delete the ``chunk_fences`` rows of ``run_ids`` (runs that ended long ago) on every
-    shard of the map and every mod bucket; with ``dry_run``, only count them. Returns the
-    rows. A transaction per ``GROUP`` shards or buckets of one server, each sent as a few
-    round trips; a shard frozen for a move refuses it (``ShardFrozenError``), as it refuses
-    every write."""
-    if not run_ids:
-        return 0
+    shard of the map and every mod bucket (a range's fences are in its first bucket, and
+    ranges may have been cut otherwise when the runs wrote); with ``dry_run``, only count
+    them. Returns the rows (a transaction retried after its commit's reply was lost counts
+    0). ``RUNS_PER_STATEMENT`` runs at a time, each a transaction per ``GROUP`` shards or
+    buckets of one server, sent as a few round trips; a shard frozen for a move refuses
+    it (``ShardFrozenError``), as it refuses every write."""
     ids = sorted(set(run_ids))
-    found: dict[tuple[str, int], int] = {}  # per table and statement: a retry counts once
-
-    def queue(pipe: Pipeline, q: str) -> None:
-        for i in range(0, len(ids), RUNS_PER_STATEMENT):
-            part = ids[i:i + RUNS_PER_STATEMENT]
-            verb = "SELECT COUNT(*) FROM" if dry_run else "DELETE FROM"
-            pipe.add(f"{verb} {q} WHERE run_id IN ({','.join(['%s'] * len(part))})", part,
-                     check=partial(_note, found, (q, i), dry_run))
+    found: dict[tuple[str, str], int] = {}  # per table and first run ID: a retry counts once
     m = router.shardmap
-    for group in router.server_groups(list(m.shards()), most=GROUP):
-        router.run_group(group, lambda pipe, s: queue(pipe, shard_table(s, "chunk_fences")),
-                         pipelined=True)
-    for group in _bucket_groups(m):
-        router.run_mod(group[0], partial(_each_bucket, group, queue), multi=True)
+    for i in range(0, len(ids), RUNS_PER_STATEMENT):
+        part = ids[i:i + RUNS_PER_STATEMENT]
+        verb = "SELECT COUNT(*) FROM" if dry_run else "DELETE FROM"
+
+        def queue(pipe: Pipeline, q: str, part: list[str] = part, verb: str = verb) -> None:
+            pipe.add(f"{verb} {q} WHERE run_id IN ({','.join(['%s'] * len(part))})", part,
+                     check=partial(_note, found, (q, part[0]), dry_run))
+        for group in router.server_groups(list(m.shards()), most=GROUP):
+            router.run_group(group, lambda pipe, s, queue=queue: queue(
+                pipe, shard_table(s, "chunk_fences")), pipelined=True)
+        for group in _bucket_groups(m):
+            router.run_mod(group[0], partial(_each_bucket, group, queue), multi=True)
     return sum(found.values())
 
 
-def _note(found: dict, key: tuple[str, int], dry_run: bool, res: Result) -> None:
+def _note(found: dict, key: tuple[str, str], dry_run: bool, res: Result) -> None:
     found[key] = int(res.rows[0][0]) if dry_run else res.rowcount
 
 
@@ -194,7 +198,8 @@ def _bucket_groups(m: ShardMap) -> list[list[int]]:
     return [g[i:i + GROUP] for g in by_server.values() for i in range(0, len(g), GROUP)]
 
 
-def _each_bucket(buckets: list[int], queue: Callable[[Pipeline, str], None], cur) -> None:
+def _each_bucket(buckets: list[int], queue: Callable[[Pipeline, str], None],
+                 cur: Cursor) -> None:
     """Inside a transaction on one mod server: ``queue`` each bucket's fences, then send."""
     pipe = Pipeline(cur)
     for b in buckets:

@@ -115,25 +115,66 @@ def fences_of(router, run_id):
             for host, q in fence_tables(router)]
 
 
-def test_prune_deletes_the_fence_rows_of_the_runs_it_prunes_only(ledger, settings, router,
-                                                                  made):
+@pytest.fixture
+def fenced(router, made):
+    """Two fence rows (chunks 0 and 1) of every made run in each of ``fence_tables``; any
+    left are deleted afterwards."""
     tables = fence_tables(router)
-    for run in ("old_done", "recent"):
+
+    def each(statement, args):
         for host, q in tables:
-            for chunk in (0, 1):
-                router.run_on(host, lambda cur, q=q, c=chunk, r=made[run]: cur.execute(
-                    f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, %s, 3)", (r, c)))
+            router.run_on(host, lambda cur, q=q: cur.execute(statement.format(q=q), args))
+    for run_id in made.values():
+        each("INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, 0, 3), (%s, 1, 3)",
+             (run_id, run_id))
+    yield made
+    each(f"DELETE FROM {{q}} WHERE run_id IN ({','.join(['%s'] * len(made))})",
+         tuple(made.values()))
+
+
+def test_prune_deletes_the_fence_rows_of_the_runs_it_prunes_only(ledger, settings, router,
+                                                                  fenced):
     forget = partial(fencing.forget, router)
     counted = prune.prune(ledger.pool, 30 * 86400, dry_run=True, fences=forget)
-    assert counted.fences >= 2 * len(tables) and fences_of(router, made["old_done"]) == [2] * 4
+    assert counted.fences >= 2 * len(FENCED) and fences_of(router, fenced["old_done"]) == [2] * 4
     report = prune.prune(ledger.pool, 30 * 86400, fences=forget)
     assert report.fences == counted.fences and report.runs == counted.runs
-    assert fences_of(router, made["old_done"]) == [0] * 4
-    assert fences_of(router, made["recent"]) == [2] * 4  # a run kept keeps its fences
-    assert rows_of(settings, made["old_done"])["runs"] == 0
-    for host, q in tables:
-        router.run_on(host, lambda cur, q=q: cur.execute(
-            f"DELETE FROM {q} WHERE run_id = %s", (made["recent"],)))
+    assert fences_of(router, fenced["old_done"]) == [0] * 4
+    for kept in ("recent", "stale", "old_failed"):  # a run kept keeps its fences
+        assert fences_of(router, fenced[kept]) == [2] * 4, kept
+    assert rows_of(settings, fenced["old_done"])["runs"] == 0
+
+
+def test_every_run_and_every_group_is_reached_in_small_batches(ledger, router, fenced,
+                                                              monkeypatch):
+    monkeypatch.setattr(fencing, "RUNS_PER_STATEMENT", 1)
+    monkeypatch.setattr(fencing, "GROUP", 3)
+    report = prune.prune(ledger.pool, 30 * 86400, include_failed=True,
+                         fences=partial(fencing.forget, router))
+    assert report.runs >= 2 and report.fences >= 2 * 2 * len(FENCED)
+    for gone in ("old_done", "old_failed"):
+        assert fences_of(router, fenced[gone]) == [0] * 4, gone
+
+
+def test_a_run_given_back_while_its_fences_go_keeps_its_ledger_rows(ledger, settings, router,
+                                                                   fenced):
+    def forget_then_retry(runs, dry_run):  # 'farm retry-failed' lands during the fences step
+        n = fencing.forget(router, runs, dry_run)
+        sql(settings, "UPDATE chunks SET state = 'pending' WHERE run_id = %s AND chunk_id = 1",
+            (fenced["old_failed"],))
+        return n
+    report = prune.prune(ledger.pool, 30 * 86400, include_failed=True, fences=forget_then_retry)
+    assert rows_of(settings, fenced["old_done"])["runs"] == 0
+    assert rows_of(settings, fenced["old_failed"]) == {"runs": 1, "chunks": 2, "quarantine": 1,
+                                                      "verify_mismatches": 1}
+    assert fenced["old_failed"] not in {r for r in prune.prunable(ledger.pool, 1, True)}
+    assert report.runs >= 1
+    ledger.set_paused(fenced["old_failed"], True)  # no later test's worker runs it
+
+
+def test_runs_younger_than_a_day_keep_their_fences_and_so_their_rows(ledger, router):
+    with pytest.raises(UsageError, match="1d or more"):
+        prune.prune(ledger.pool, 12 * 3600, fences=partial(fencing.forget, router))
 
 
 def test_a_shard_frozen_for_a_move_stops_the_prune_before_the_ledger_changes(
@@ -146,7 +187,8 @@ def test_a_shard_frozen_for_a_move_stops_the_prune_before_the_ledger_changes(
         f"INSERT INTO {q} (id, map_version, frozen) VALUES (1, 0, 1) "
         "ON DUPLICATE KEY UPDATE frozen = 1"))
     try:
-        with pytest.raises(ShardFrozenError, match=f"shard {shard} is frozen"):
+        with pytest.raises(ShardFrozenError, match=f"fence rows of .*shard {shard} is frozen.*"
+                           "nothing of the ledger was pruned"):
             prune.prune(ledger.pool, 30 * 86400, fences=partial(fencing.forget, router))
         assert rows_of(settings, made["old_done"]) == {"runs": 1, "chunks": 5,
                                                       "quarantine": 1, "verify_mismatches": 1}
@@ -170,17 +212,23 @@ def test_ages_in_every_unit():
 
 
 @pytest.mark.slow  # five farm subprocesses
-def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, settings, made):
+def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, settings, router,
+                                                             made):
     out = run_farm(env, "runs", "prune", "--older-than", "30x")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--older-than" in out.stderr
     assert "Traceback" not in out.stderr
     out = run_farm(env, "runs", "prune", "--older-than", "30d", "--dry-run")
     assert out.returncode == 0 and json.loads(out.stdout)["dry_run"] is True
     assert rows_of(settings, made["old_done"])["runs"] == 1
+    out = run_farm(env, "runs", "prune", "--older-than", "12h")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "1d or more" in out.stderr
+    host, q = fence_tables(router)[1]
+    router.run_on(host, lambda cur: cur.execute(
+        f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, 0, 3)", (made["old_done"],)))
     out = run_farm(env, "runs", "prune", "--older-than", "30d", "--batch", "2")
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["runs"] >= 1 and doc["batches"] >= 3
-    assert doc["fences"] >= 0  # every shard and mod bucket was reached
+    assert doc["fences"] >= 1 and fences_of(router, made["old_done"])[1] == 0
     assert rows_of(settings, made["old_done"])["runs"] == 0
     out = run_farm(env, "runs", "--limit", "3")
     assert out.returncode == 0 and "bytes per chunk row" in out.stdout.splitlines()[-1]
