@@ -36,8 +36,8 @@ from pathlib import Path
 
 import pymysql
 
-from benchmarks._bench import _stop_group as stop_group
 from benchmarks._server import ShardHostMariaDB, end_on_sigterm
+from benchmarks._workers import stop_group
 from tests.servers import PrivateRedis
 
 ROOT = Path(__file__).resolve().parent.parent

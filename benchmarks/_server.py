@@ -29,6 +29,11 @@ def _exit_on_term(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def say(message: str) -> None:
+    """A progress line on stderr (the results go to stdout)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
 SETTLE_IO_CAPACITY = 20000  # pages/s the page cleaner may write while a server settles
 
 

@@ -39,11 +39,10 @@ from benchmarks._bench import (
     count_rows,
     empty_tables,
     migrate,
-    run_summary,
     say,
-    timed_run,
     with_bench,
 )
+from benchmarks._workers import run_summary, timed_run
 from benchmarks.migrate_bench import fmt_row, generate, print_header
 from benchmarks.migrate_refs import dump_table, load_data
 from loaders.mappings.reverse import DEFAULT_CHUNK_ROWS, REVERSES

@@ -46,8 +46,7 @@ from pathlib import Path
 import pymysql
 from redis import Redis
 
-from benchmarks._bench import ROOT, TMP, Bench, running_workers, say, shard_map
-from benchmarks._bench import _stop_group as stop_group
+from benchmarks._bench import TMP, Bench, say, shard_map
 from benchmarks._server import (
     ShardHostMariaDB,
     end_on_sigterm,
@@ -56,6 +55,7 @@ from benchmarks._server import (
     table_stats,
 )
 from benchmarks._usage import children_cpu, cpu_seconds
+from benchmarks._workers import ROOT, running_workers, stop_group
 from benchmarks.sync_load import CONTROL, SAMPLE_EVERY, Load, Sampler, p95
 from loaders.migration.binlog import behind
 from tests.servers import PrivateMariaDB
