@@ -39,6 +39,12 @@ def parse_age(text: str) -> int:
     return int(m.group(1)) * UNITS[m.group(2)]
 
 
+def age_text(seconds: int) -> str:
+    """``seconds`` in the largest unit of ``UNITS`` that divides it: 43200 → ``12h``."""
+    unit = next(u for u in ("w", "d", "h", "m", "s") if seconds % UNITS[u] == 0)
+    return f"{seconds // UNITS[unit]}{unit}"
+
+
 @dataclass
 class PruneReport:
     """What a prune removed (or, with ``dry_run``, would remove)."""
@@ -91,9 +97,9 @@ def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 
     ``FENCE_FLOOR_S`` at least); ``on_batch(run_id, table, deleted)`` is called after each
     DELETE. A run given back meanwhile (``farm retry-failed``) keeps its ledger rows."""
     if fences is not None and older_than_s < FENCE_FLOOR_S:
-        raise UsageError(f"--older-than {older_than_s}s: a run is pruned 1d after it ended at "
-                         "the earliest (until then a stalled worker of it could still write, "
-                         "and its fence rows, pruned with it, refuse that); give 1d or more")
+        raise UsageError(f"--older-than {age_text(older_than_s)}: a run is pruned 1d after it "
+                         "ended at the earliest (until then a stalled worker of it could still "
+                         "write, and its fence rows, pruned with it, refuse that); give 1d or more")
     report = PruneReport(dry_run=dry_run)
     runs = prunable(pool, older_than_s, include_failed)
     if fences and runs:

@@ -209,6 +209,8 @@ def test_a_bad_age_is_a_usage_error(bad):
 def test_ages_in_every_unit():
     assert [prune.parse_age(a) for a in ("45s", "90m", "12h", "30d", "2w")] == [
         45, 5400, 43200, 2592000, 1209600]
+    assert [prune.age_text(n) for n in (45, 5400, 43200, 129600, 2592000, 1209600)] == [
+        "45s", "90m", "12h", "36h", "30d", "2w"]
 
 
 @pytest.mark.slow  # five farm subprocesses
@@ -222,6 +224,7 @@ def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, setting
     assert rows_of(settings, made["old_done"])["runs"] == 1
     out = run_farm(env, "runs", "prune", "--older-than", "12h")
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "1d or more" in out.stderr
+    assert "--older-than 12h:" in out.stderr
     host, q = fence_tables(router)[1]
     router.run_on(host, lambda cur: cur.execute(
         f"INSERT INTO {q} (run_id, chunk_id, fence) VALUES (%s, 0, 3)", (made["old_done"],)))
