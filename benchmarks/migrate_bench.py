@@ -23,6 +23,10 @@ redis-server. Measured:
 - with ``--own-legacy``: the legacy database on a second private mariadbd (the monolith is
   a host of its own in production), so the server CPU (and the server-side ratio) counts
   the target's work alone; the legacy server's CPU is printed beside it;
+- with ``--scale K``, after each pair: the run's chunk timeline (table, rows, start, seconds;
+  the worker-seconds without a chunk in hand) and the CPU budget of the goal (this machine's
+  cores for ``reference seconds / 0.75``, less the reference's server work and the legacy
+  server's: what is left for the workers, beside what they used);
 - with ``--digests``: performance_schema on, and after the 2-worker migration and reference
   A, where the server's statement time went, by statement shape (``benchmarks._digests``;
   instrumenting slows the server, so that run's ratios are not the ones to quote).
@@ -31,6 +35,7 @@ redis-server. Measured:
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import time
@@ -145,10 +150,25 @@ def run_scaled(bench: Bench, users: int, chunk_rows: int, digests: bool = False)
     print(f"migrate W=2: {w2.usage}")
     print_server_side(w2, load)
     print_timeline(bench, "farm_control_w2", 2)
+    print_budget(w2, load)
     ratio = w2.target.rate / load.rate
     print(f"ratio (target rows/s, {users:,} users): migration(W=2)/LOAD DATA = "
           f"{ratio:.2f} (goal >= 0.75)")
     return ratio
+
+
+def print_budget(w2: Migration, load: Measure, goal: float = 0.75) -> None:
+    """The CPU this machine gives a migration that meets ``goal`` (its cores for
+    ``reference seconds / goal``), what the reference's server and the legacy server need of
+    it, what is left for the workers, and what they used: the goal is out of reach on this
+    machine while the workers need more than is left."""
+    cores = os.cpu_count() or 1
+    budget = cores * load.seconds / goal
+    servers = (load.server_cpu or 0.0) + (w2.usage.legacy_cpu or 0.0)
+    print(f"CPU budget at {goal}x on {cores} cores: {budget:.1f} core-seconds; the reference's "
+          f"server work {load.server_cpu or 0:.1f} and the legacy server "
+          f"{w2.usage.legacy_cpu or 0:.1f} leave {budget - servers:.1f} for the workers, who "
+          f"used {w2.usage.workers_cpu:.1f}")
 
 
 def print_timeline(bench: Bench, control: str, workers: int) -> None:
