@@ -174,9 +174,9 @@ def measure(f: Fleet, kinds: list[str], scratch: Path) -> dict[str, dict]:
 
 def prune_all(rt: Runtime) -> dict:
     """What ``farm runs prune`` does, for every run above (ended a second ago or more; the
-    command itself waits a day): the fence rows of those runs deleted on every shard and
-    mod bucket, then their ledger rows; the seconds, the runs and chunks removed, and the
-    fence rows (``rows``)."""
+    command forgets a run's fences a day after it ended): their fence rows deleted on every
+    shard and mod bucket, and their ledger rows; the seconds, the runs and chunks removed,
+    and the fence rows (``rows``)."""
     time.sleep(1.1)
     say("pruning every run above: its fences on every shard and bucket, its ledger rows")
     start = time.perf_counter()

@@ -131,6 +131,10 @@ STATEMENTS: list[str] = [
     "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_state_any (state, lease_expires)",
     "ALTER TABLE runs ADD INDEX IF NOT EXISTS by_kind (kind, created_at)",
     "ALTER TABLE runs ADD INDEX IF NOT EXISTS by_status (status, finished_at)",
+    # A pruned run's fence rows are still on the shards (farmcore.prune forgets them a day
+    # after the run ended; runs archived before this column get theirs forgotten then too).
+    "ALTER TABLE runs_archive ADD COLUMN IF NOT EXISTS fences_left TINYINT(1) NOT NULL "
+    "DEFAULT 1, ADD INDEX IF NOT EXISTS by_fences (fences_left, finished_at)",
     # chunks claimed since a time ('farm sync': did a migration write during an apply?)
     "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_started (started_at)",
     # A run that ended keeps its totals here (NULL while it runs: summed from its chunks).

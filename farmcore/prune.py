@@ -8,11 +8,15 @@ so pruning never holds a long transaction or a big lock over the ledger workers 
 the run's own row goes last, so a prune that dies half way is finished by the next one.
 Only runs whose status is ``done`` (and ``failed`` when asked) and that ended before
 the cut-off are touched, and only if none of their chunks is pending or running.
-Their fence rows on the shards and mod buckets go first (``fences``, given by the caller:
-``sharding.fencing.forget``), for all of them before any ledger row: if that fails half
-way, some fences are gone but nothing of the ledger, and the next prune finishes. As the
-fences are what refuse a stalled worker that wakes up, they go (and so the run) 1 day
-after the run ended at the earliest (``FENCE_FLOOR_S``).
+A run given back meanwhile (``farm retry-failed``) is checked again and kept.
+
+Their fence rows on the shards and mod buckets (``fences``, given by the caller:
+``sharding.fencing.forget``) are what refuse a stalled worker of the run that wakes up and
+writes, so they go a day after the run ended at the earliest (``FENCE_FLOOR_S``), whatever
+the age asked: ``runs_archive.fences_left`` remembers the pruned runs whose fences are
+still there, and every prune forgets those of them that are old enough. The archive row
+is written before the run's rows go, so a prune that fails or dies leaves nothing behind
+that the next one does not finish.
 """
 
 from __future__ import annotations
@@ -37,12 +41,6 @@ def parse_age(text: str) -> int:
         raise UsageError(f"--older-than {text!r}: give a positive number with a unit "
                          "s, m, h, d or w, e.g. 30d")
     return int(m.group(1)) * UNITS[m.group(2)]
-
-
-def age_text(seconds: int) -> str:
-    """``seconds`` in the largest unit of ``UNITS`` that divides it: 43200 → ``12h``."""
-    unit = next(u for u in ("w", "d", "h", "m", "s") if seconds % UNITS[u] == 0)
-    return f"{seconds // UNITS[unit]}{unit}"
 
 
 @dataclass
@@ -84,26 +82,18 @@ def prunable(pool: Pool, older_than_s: int, include_failed: bool = False) -> lis
 
 
 Fences = Callable[[list[str], bool], int]  # (run IDs, dry run) -> fence rows deleted (counted)
-# A run's fence rows are what refuse a stalled worker of it that wakes up and writes (a
-# zombie): they go with the run, so a run is pruned this long after it ended at the earliest.
-FENCE_FLOOR_S = 86400
+FENCE_FLOOR_S = 86400  # a run's fences go this long after it ended at the earliest
+FENCE_BATCH = 1000  # pruned runs whose fences one call of ``fences`` forgets
 
 
 def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 5000,
           include_failed: bool = False, fences: Fences | None = None,
           on_batch: Callable[[str, str, int], None] | None = None) -> PruneReport:
-    """Archive and delete every prunable run (see ``prunable``), after ``fences(run_ids,
-    dry_run)`` deleted (or counted) their fence rows (then ``older_than_s`` must be
-    ``FENCE_FLOOR_S`` at least); ``on_batch(run_id, table, deleted)`` is called after each
-    DELETE. A run given back meanwhile (``farm retry-failed``) keeps its ledger rows."""
-    if fences is not None and older_than_s < FENCE_FLOOR_S:
-        raise UsageError(f"--older-than {age_text(older_than_s)}: a run is pruned 1d after it "
-                         "ended at the earliest (until then a stalled worker of it could still "
-                         "write, and its fence rows, pruned with it, refuse that); give 1d or more")
+    """Archive and delete every prunable run (see ``prunable``), then, with ``fences``,
+    forget the fence rows of every pruned run that ended ``FENCE_FLOOR_S`` ago or more
+    (``fences_due``); ``on_batch(run_id, table, deleted)`` is called after each DELETE."""
     report = PruneReport(dry_run=dry_run)
     runs = prunable(pool, older_than_s, include_failed)
-    if fences and runs:
-        report.fences = _forget_fences(fences, runs, dry_run)
     for run_id in runs:
         if dry_run:
             report.runs += 1
@@ -113,17 +103,39 @@ def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 
         elif _still_prunable(pool, run_id, include_failed):
             report.runs += 1
             _delete_run(pool, run_id, batch, report, on_batch)
+    if fences is not None:
+        old = prunable(pool, max(older_than_s, FENCE_FLOOR_S), include_failed) \
+            if dry_run else []
+        report.fences = _forget_fences(pool, fences, fences_due(pool) + old, dry_run)
     return report
 
 
-def _forget_fences(fences: Fences, runs: list[str], dry_run: bool) -> int:
-    """``fences(runs, dry_run)``, its error saying which step failed and what it left."""
-    try:
-        return fences(runs, dry_run)
-    except FarmError as exc:
-        raise type(exc)(f"deleting the fence rows of {len(runs)} run(s) on the shards and mod "
-                        f"buckets: {exc} (nothing of the ledger was pruned; run the prune "
-                        "again once this is fixed)") from None
+def fences_due(pool: Pool) -> list[str]:
+    """Pruned runs whose fence rows are still on the shards and that ended a day ago or
+    more (``FENCE_FLOOR_S``), oldest first; never a run the ledger still holds (a prune
+    died before its rows went, and it may have been given back since)."""
+    return [r[0] for r in pool.query(
+        "SELECT a.run_id FROM runs_archive a WHERE a.fences_left = 1 AND a.finished_at < "
+        "NOW(3) - INTERVAL %s SECOND AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = "
+        "a.run_id) ORDER BY a.finished_at", (FENCE_FLOOR_S,))]
+
+
+def _forget_fences(pool: Pool, fences: Fences, runs: list[str], dry_run: bool) -> int:
+    """``fences`` of ``runs``, ``FENCE_BATCH`` at a time, each batch then marked in
+    ``runs_archive``; a failure says which step failed and what the next prune does."""
+    n = 0
+    for i in range(0, len(runs), FENCE_BATCH):
+        part = runs[i:i + FENCE_BATCH]
+        try:
+            n += fences(part, dry_run)
+        except FarmError as exc:
+            raise type(exc)(f"deleting the fence rows of {len(part)} pruned run(s) on the "
+                            f"shards and mod buckets: {exc} (their ledger rows are pruned; "
+                            "the next prune deletes their fences)") from None
+        if not dry_run:
+            pool.execute("UPDATE runs_archive SET fences_left = 0 WHERE run_id IN "
+                         f"({','.join(['%s'] * len(part))})", tuple(part))
+    return n
 
 
 def _still_prunable(pool: Pool, run_id: str, include_failed: bool) -> bool:

@@ -76,7 +76,7 @@ def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
 
 @runs_cmd.command("prune")
 @click.option("--older-than", "older_than", required=True, metavar="AGE",
-              help="Prune runs that ended more than AGE ago, 1d at least: 30d, 36h, 2w.")
+              help="Prune runs that ended more than AGE ago: 30d, 12h, 90m, 2w.")
 @click.option("--dry-run", is_flag=True, help="Only count what would go.")
 @click.option("--include-failed", is_flag=True,
               help="Failed runs too (default: only runs whose every chunk is done).")
@@ -86,9 +86,10 @@ def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
 def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
               batch: int) -> None:
     """Delete the chunks, quarantined rows and verify findings of runs that ended more than
-    AGE ago, in bounded batches, keeping a one-row summary of each in runs_archive, and
-    their fence rows on every shard and mod bucket. A run with a chunk pending or running
-    is never touched. Prints what went as JSON."""
+    AGE ago, in bounded batches, keeping a one-row summary of each in runs_archive; then the
+    fence rows of pruned runs on every shard and mod bucket, a day after each run ended at
+    the earliest (until then they refuse a stalled worker's late writes). A run with a
+    chunk pending or running is never touched. Prints what went as JSON."""
     age = prune.parse_age(older_than)
     emit(prune.prune(app.runtime.ledger.pool, age, dry_run=dry_run, batch=batch,
                      include_failed=include_failed,
