@@ -317,10 +317,12 @@ class Ledger:
         return out
 
     def reset_failed(self, run_id: str) -> int:
-        """Failed chunks back to pending with a fresh attempt budget; returns how many."""
-        n = self.pool.execute("UPDATE chunks SET state = 'pending', attempts = 0, "
-                              "not_before = NULL WHERE run_id = %s AND state = 'failed'",
-                              (run_id,))
+        """Failed chunks back to pending with a fresh attempt budget; returns how many (none
+        of a run being pruned: ``farmcore.prune``)."""
+        n = self.pool.execute("UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
+                              "SET c.state = 'pending', c.attempts = 0, c.not_before = NULL "
+                              "WHERE c.run_id = %s AND c.state = 'failed' "
+                              "AND r.status <> 'pruning'", (run_id,))
         if n:
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
                               "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "

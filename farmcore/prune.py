@@ -61,24 +61,30 @@ class PruneReport:
 
 
 # a run none of whose chunks is pending or running (``r``: the run's row)
-_NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks c WHERE c.run_id = r.run_id AND c.state IN "
+_NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id AND x.state IN "
                  "('pending', 'running'))")
+# A run's status while its rows are deleted: 'farm retry-failed' gives none back, and a
+# prune that dies half way leaves it for the next one to finish.
+PRUNING = "pruning"
 
 
-def _ended(include_failed: bool) -> tuple[str, tuple[str, ...]]:
-    """The condition on ``r.status`` of a run that may be pruned, and its parameters."""
+def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:
+    """The condition on run ``r`` that lets it be pruned, and its parameters: ended (``done``,
+    or ``failed`` too) more than ``older_than_s`` seconds ago, nothing pending or running."""
     states = ("done", "failed") if include_failed else ("done",)
-    return f"r.status IN ({','.join(['%s'] * len(states))})", states
+    return (f"r.status IN ({','.join(['%s'] * len(states))}) AND r.finished_at IS NOT NULL "
+            f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT}",
+            (*states, older_than_s))
 
 
 def prunable(pool: Pool, older_than_s: int, include_failed: bool = False) -> list[str]:
     """Runs that ended more than ``older_than_s`` seconds ago, oldest first, with no chunk
-    pending or running (``done`` runs; ``failed`` ones too when asked)."""
-    status, states = _ended(include_failed)
+    pending or running (``done`` runs; ``failed`` ones too when asked), and runs a prune
+    left half pruned."""
+    cond, args = _ended(include_failed, older_than_s)
     return [r[0] for r in pool.query(
-        f"SELECT r.run_id FROM runs r WHERE {status} AND r.finished_at IS NOT NULL "
-        f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT} "
-        "ORDER BY r.finished_at", (*states, older_than_s))]
+        f"SELECT r.run_id FROM runs r WHERE r.status = '{PRUNING}' OR ({cond}) "
+        "ORDER BY r.finished_at", args)]
 
 
 Fences = Callable[[list[str], bool], int]  # (run IDs, dry run) -> fence rows deleted (counted)
@@ -88,19 +94,20 @@ FENCE_BATCH = 1000  # pruned runs whose fences one call of ``fences`` forgets
 
 def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 5000,
           include_failed: bool = False, fences: Fences | None = None,
-          on_batch: Callable[[str, str, int], None] | None = None) -> PruneReport:
+          on_batch: Callable[[str, str, int], None] | None = None,
+          report: PruneReport | None = None) -> PruneReport:
     """Archive and delete every prunable run (see ``prunable``), then, with ``fences``,
     forget the fence rows of every pruned run that ended ``FENCE_FLOOR_S`` ago or more
-    (``fences_due``); ``on_batch(run_id, table, deleted)`` is called after each DELETE."""
-    report = PruneReport(dry_run=dry_run)
-    runs = prunable(pool, older_than_s, include_failed)
-    for run_id in runs:
+    (``fences_due``); ``on_batch(run_id, table, deleted)`` is called after each DELETE.
+    Fills and returns ``report`` (what went so far if it raises)."""
+    report = report or PruneReport(dry_run=dry_run)
+    for run_id in prunable(pool, older_than_s, include_failed):
         if dry_run:
             report.runs += 1
             for table, label in CHILD_TABLES:
                 n = pool.query(f"SELECT COUNT(*) FROM {table} WHERE run_id = %s", (run_id,))
                 setattr(report, label, getattr(report, label) + int(n[0][0]))
-        elif _still_prunable(pool, run_id, include_failed):
+        elif _take(pool, run_id, *_ended(include_failed, older_than_s)):
             report.runs += 1
             _delete_run(pool, run_id, batch, report, on_batch)
     if fences is not None:
@@ -128,28 +135,41 @@ def _forget_fences(pool: Pool, fences: Fences, runs: list[str], dry_run: bool) -
         part = runs[i:i + FENCE_BATCH]
         try:
             n += fences(part, dry_run)
-        except FarmError as exc:
-            raise type(exc)(f"deleting the fence rows of {len(part)} pruned run(s) on the "
-                            f"shards and mod buckets: {exc} (their ledger rows are pruned; "
-                            "the next prune deletes their fences)") from None
+        except FarmError as exc:  # the same error (its kind, host, code), told where it came
+            exc.args = (f"counting the fence rows of {len(part)} run(s) on the shards and "
+                        f"mod buckets: {exc}",) if dry_run else (
+                f"deleting the fence rows of {len(part)} pruned run(s) on the shards and mod "
+                f"buckets: {exc} (their ledger rows are pruned; the next prune deletes their "
+                "fences)",)
+            raise
         if not dry_run:
             pool.execute("UPDATE runs_archive SET fences_left = 0 WHERE run_id IN "
                          f"({','.join(['%s'] * len(part))})", tuple(part))
     return n
 
 
-def _still_prunable(pool: Pool, run_id: str, include_failed: bool) -> bool:
-    """Whether the run is still ended with no chunk pending or running (a run given back by
-    ``farm retry-failed`` while its fences were deleted is not)."""
-    status, states = _ended(include_failed)
-    return bool(pool.query(f"SELECT 1 FROM runs r WHERE r.run_id = %s AND {status} AND "
-                           f"{_NOTHING_LEFT}", (run_id, *states)))
+def _take(pool: Pool, run_id: str, cond: str, args: tuple) -> bool:
+    """Archive the run's summary and mark it ``PRUNING`` if ``cond`` still holds for it;
+    whether it is to be deleted (a run marked by a prune that died is). A run given back
+    (``farm retry-failed``) in the instant before the mark is left as it was."""
+    rows = pool.query("SELECT status FROM runs WHERE run_id = %s", (run_id,))
+    if not rows or rows[0][0] == PRUNING:
+        return bool(rows)
+    _archive(pool, run_id, cond, args)
+    if not pool.execute(f"UPDATE runs r SET r.status = '{PRUNING}' WHERE r.run_id = %s AND "
+                        f"{cond}", (run_id, *args)):
+        return False
+    if pool.query("SELECT 1 FROM chunks WHERE run_id = %s AND state IN ('pending', "
+                  "'running') LIMIT 1", (run_id,)):  # given back as it was marked
+        pool.execute("UPDATE runs SET status = %s WHERE run_id = %s AND status = %s",
+                      (rows[0][0], run_id, PRUNING))
+        return False
+    return True
 
 
 def _delete_run(pool: Pool, run_id: str, batch: int, report: PruneReport,
                 on_batch: Callable[[str, str, int], None] | None) -> None:
-    """Archive the run's summary, then delete its rows ``batch`` at a time, its own last."""
-    _archive(pool, run_id)
+    """Delete the rows of a run ``_take`` marked, ``batch`` at a time, its own last."""
     for table, label in CHILD_TABLES:
         while n := pool.execute(f"DELETE FROM {table} WHERE run_id = %s LIMIT %s",
                                 (run_id, batch)):
@@ -160,13 +180,18 @@ def _delete_run(pool: Pool, run_id: str, batch: int, report: PruneReport,
     pool.execute("DELETE FROM runs WHERE run_id = %s", (run_id,))
 
 
-def _archive(pool: Pool, run_id: str) -> None:
-    """Keep the run's summary in ``runs_archive`` (once: a second prune keeps the first)."""
+def _archive(pool: Pool, run_id: str, cond: str, args: tuple) -> None:
+    """Keep the run's summary in ``runs_archive`` if ``cond`` holds for it, its fences
+    left; a newer summary replaces an older one (the run was given back and ended again)."""
+    cols = ("status", "total_chunks", "chunks_done", "chunks_failed", "rows_written",
+            "finished_at")
     pool.execute(
-        "INSERT IGNORE INTO runs_archive (run_id, kind, status, total_chunks, chunks_done, "
-        "chunks_failed, rows_written, created_at, finished_at) "
+        "INSERT INTO runs_archive (run_id, kind, status, total_chunks, chunks_done, "
+        "chunks_failed, rows_written, created_at, finished_at, fences_left) "
         "SELECT r.run_id, r.kind, r.status, r.total_chunks, "
         "COALESCE(SUM(c.state = 'done'), 0), COALESCE(SUM(c.state = 'failed'), 0), "
-        "COALESCE(SUM(c.rows_written), 0), r.created_at, r.finished_at "
-        "FROM runs r LEFT JOIN chunks c ON c.run_id = r.run_id WHERE r.run_id = %s "
-        "GROUP BY r.run_id", (run_id,))
+        "COALESCE(SUM(c.rows_written), 0), r.created_at, r.finished_at, 1 "
+        f"FROM runs r LEFT JOIN chunks c ON c.run_id = r.run_id WHERE r.run_id = %s AND {cond} "
+        "GROUP BY r.run_id ON DUPLICATE KEY UPDATE "
+        + ", ".join(f"{k} = VALUES({k})" for k in cols)
+        + ", fences_left = 1, pruned_at = NOW(3)", (run_id, *args))

@@ -91,9 +91,13 @@ def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
     the earliest (until then they refuse a stalled worker's late writes). A run with a
     chunk pending or running is never touched. Prints what went as JSON."""
     age = prune.parse_age(older_than)
-    emit(prune.prune(app.runtime.ledger.pool, age, dry_run=dry_run, batch=batch,
-                     include_failed=include_failed,
-                     fences=partial(fencing.forget, app.runtime.router)).as_dict())
+    report = prune.PruneReport(dry_run=dry_run)
+    try:
+        prune.prune(app.runtime.ledger.pool, age, dry_run=dry_run, batch=batch,
+                    include_failed=include_failed, report=report,
+                    fences=partial(fencing.forget, app.runtime.router))
+    finally:  # what went, also when a step failed
+        emit(report.as_dict())
 
 
 @click.command("resume")

@@ -23,10 +23,9 @@ Both checks also come queued (``queue_check``, ``queue_check_map``) for a pipeli
 (``shardfarm.mysql.pipeline``): the statements are the same, sent as the pipeline's
 guards and judged before any write they guard is sent.
 
-Fence rows outlive their run only until it is pruned (``forget``, called by
-``farm runs prune`` before the ledger forgets the run, a day after the run ended at the
-earliest: a worker stalled longer than that is not expected to wake up and write); on
-4,096 shards a migration leaves a row per chunk on each.
+Fence rows outlive their run until ``farm runs prune`` has pruned it and a day has passed
+since it ended (``forget``: a worker stalled longer than that is not expected to wake up
+and write); on 4,096 shards a migration leaves a row per chunk on each.
 """
 
 from __future__ import annotations
@@ -48,8 +47,9 @@ if TYPE_CHECKING:
 
 # run IDs in one DELETE's IN list, and shards or mod buckets of one server per transaction:
 # a transaction deletes at most GROUP x RUNS_PER_STATEMENT x (chunks of a run per shard) rows
-RUNS_PER_STATEMENT = 100
-GROUP = 32
+# (a few thousand for migrations, which leave a row per chunk on a shard)
+RUNS_PER_STATEMENT = 20
+GROUP = 16
 
 
 @dataclass(frozen=True)
@@ -172,21 +172,31 @@ def forget(router: Router, run_ids: Sequence[str], dry_run: bool = False) -> int
     found: dict[tuple[str, str], int] = {}  # per table and first run ID: a retry counts once
     m = router.shardmap
     for i in range(0, len(ids), RUNS_PER_STATEMENT):
-        part = ids[i:i + RUNS_PER_STATEMENT]
-        verb = "SELECT COUNT(*) FROM" if dry_run else "DELETE FROM"
-
-        def queue(pipe: Pipeline, q: str, part: list[str] = part, verb: str = verb) -> None:
-            pipe.add(f"{verb} {q} WHERE run_id IN ({','.join(['%s'] * len(part))})", part,
-                     check=partial(_note, found, (q, part[0]), dry_run))
+        queue = partial(_queue_forget, found, ids[i:i + RUNS_PER_STATEMENT], dry_run)
         for group in router.server_groups(list(m.shards()), most=GROUP):
-            router.run_group(group, lambda pipe, s, queue=queue: queue(
-                pipe, shard_table(s, "chunk_fences")), pipelined=True)
+            router.run_group(group, partial(_each_shard, queue), pipelined=True)
         for group in _bucket_groups(m):
             router.run_mod(group[0], partial(_each_bucket, group, queue), multi=True)
     return sum(found.values())
 
 
-def _note(found: dict, key: tuple[str, str], dry_run: bool, res: Result) -> None:
+def _queue_forget(found: dict[tuple[str, str], int], run_ids: list[str], dry_run: bool,
+                  pipe: Pipeline, q: str) -> None:
+    """Queue counting (``dry_run``) or deleting the rows of ``run_ids`` in fences table
+    ``q``; its rows are recorded in ``found`` when it has run."""
+    verb = "SELECT COUNT(*) FROM" if dry_run else "DELETE FROM"
+    pipe.add(f"{verb} {q} WHERE run_id IN ({','.join(['%s'] * len(run_ids))})", run_ids,
+             check=partial(_note, found, (q, run_ids[0]), dry_run))
+
+
+def _each_shard(queue: Callable[[Pipeline, str], None], pipe: Pipeline, shard: int) -> None:
+    """``queue`` the shard's fences table (``Router.run_group``'s pipelined callback)."""
+    queue(pipe, shard_table(shard, "chunk_fences"))
+
+
+def _note(found: dict[tuple[str, str], int], key: tuple[str, str], dry_run: bool,
+          res: Result) -> None:
+    """Record one statement's rows (counted, or deleted) under ``key``."""
     found[key] = int(res.rows[0][0]) if dry_run else res.rowcount
 
 

@@ -207,6 +207,55 @@ def test_a_run_the_ledger_still_holds_keeps_its_fences_though_archived(ledger, s
     assert fences_of(router, run) == [2] * 4 and fences_left(settings, run) == 1
 
 
+def test_a_retry_of_a_run_being_pruned_is_refused(ledger, settings, router, fenced,
+                                                 monkeypatch):
+    tried = []
+    delete = prune._delete_run
+
+    def retry_then_delete(pool, run_id, *rest):  # 'farm retry-failed' once it is marked
+        if run_id == fenced["old_failed"]:
+            tried.append(ledger.reset_failed(run_id))
+        delete(pool, run_id, *rest)
+    monkeypatch.setattr(prune, "_delete_run", retry_then_delete)
+    prune.prune(ledger.pool, 30 * 86400, include_failed=True,
+                fences=partial(fencing.forget, router))
+    assert tried == [0]  # refused: nothing of it can be claimed and written any more
+    assert rows_of(settings, fenced["old_failed"])["runs"] == 0
+    assert fences_of(router, fenced["old_failed"]) == [0] * 4
+
+
+def test_a_retry_just_before_the_mark_keeps_the_run(ledger, settings, router, fenced,
+                                                   monkeypatch):
+    archive = prune._archive
+
+    def archive_then_retry(pool, run_id, cond, args):  # lands between archive and mark
+        archive(pool, run_id, cond, args)
+        if run_id == fenced["old_failed"]:
+            ledger.reset_failed(run_id)
+    monkeypatch.setattr(prune, "_archive", archive_then_retry)
+    prune.prune(ledger.pool, 30 * 86400, include_failed=True,
+                fences=partial(fencing.forget, router))
+    assert rows_of(settings, fenced["old_failed"])["chunks"] == 2
+    assert fences_of(router, fenced["old_failed"]) == [2] * 4  # the ledger holds it
+    ledger.set_paused(fenced["old_failed"], True)  # no later test's worker runs it
+
+
+def test_a_run_that_ended_again_is_archived_anew_and_keeps_its_fences_a_day(
+        ledger, settings, router, fenced):
+    run = fenced["old_failed"]  # archived by a prune that died, given back, ended 2h ago
+    sql(settings, "INSERT INTO runs_archive (run_id, kind, status, total_chunks, chunks_done, "
+        "chunks_failed, rows_written, created_at, finished_at) SELECT run_id, kind, status, "
+        "total_chunks, 1, 1, 10, created_at, finished_at FROM runs WHERE run_id = %s", (run,))
+    sql(settings, "UPDATE runs SET finished_at = NOW(3) - INTERVAL 2 HOUR WHERE run_id = %s",
+        (run,))
+    prune.prune(ledger.pool, 3600, include_failed=True, fences=partial(fencing.forget, router))
+    assert rows_of(settings, run)["runs"] == 0
+    assert fences_of(router, run) == [2] * 4 and fences_left(settings, run) == 1
+    ended = sql(settings, "SELECT finished_at > NOW(3) - INTERVAL 3 HOUR FROM runs_archive "
+                "WHERE run_id = %s", (run,))
+    assert ended == ((1,),)
+
+
 def test_a_shard_frozen_for_a_move_fails_the_prune_and_the_next_one_finishes(
         ledger, settings, router, fenced):
     shard = SHARDS_B[0]
