@@ -215,7 +215,8 @@ class Ledger:
         status = "failed" if failed else "done"
         self.pool.execute("UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, "
                           "NOW(3)), chunks_done = %s, chunks_failed = %s, rows_written = %s "
-                          "WHERE run_id = %s", (status, done, failed, written, run_id))
+                          "WHERE run_id = %s AND status <> 'pruning'",  # its rows are going
+                          (status, done, failed, written, run_id))
         return status
 
     # -- chunks -------------------------------------------------------------------------

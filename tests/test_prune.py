@@ -256,6 +256,22 @@ def test_a_run_that_ended_again_is_archived_anew_and_keeps_its_fences_a_day(
     assert ended == ((1,),)
 
 
+def test_a_run_left_half_pruned_stays_so_and_the_next_prune_finishes_it(
+        ledger, settings, router, fenced):
+    run = fenced["old_done"]  # archived and marked by a prune that died before its rows went
+    sql(settings, "INSERT INTO runs_archive (run_id, kind, status, total_chunks, chunks_done, "
+        "chunks_failed, rows_written, created_at, finished_at) SELECT run_id, kind, status, "
+        "total_chunks, 5, 0, 50, created_at, finished_at FROM runs WHERE run_id = %s", (run,))
+    sql(settings, "UPDATE runs SET status = 'pruning' WHERE run_id = %s", (run,))
+    ledger.refresh_status(run)  # 'farm status' or a waiter meanwhile: the mark stays
+    assert sql(settings, "SELECT status FROM runs WHERE run_id = %s", (run,)) == (("pruning",),)
+    assert ledger.reset_failed(run) == 0
+    prune.prune(ledger.pool, 30 * 86400, fences=partial(fencing.forget, router))
+    assert rows_of(settings, run) == {"runs": 0, "chunks": 0, "quarantine": 0,
+                                      "verify_mismatches": 0}
+    assert fences_of(router, run) == [0] * 4 and fences_left(settings, run) == 0
+
+
 def test_a_shard_frozen_for_a_move_fails_the_prune_and_the_next_one_finishes(
         ledger, settings, router, fenced):
     shard = SHARDS_B[0]
