@@ -7,8 +7,10 @@ verify findings go. Every DELETE removes at most ``batch`` rows and commits on i
 so pruning never holds a long transaction or a big lock over the ledger workers write to;
 the run's own row goes last, so a prune that dies half way is finished by the next one.
 Only runs whose status is ``done`` (and ``failed`` when asked) and that ended before
-the cut-off are touched, and only if none of their chunks is pending or running.
-A run given back meanwhile (``farm retry-failed``) is checked again and kept.
+the cut-off are touched, and only if none of their chunks is pending or running: each is
+archived and marked ``pruning`` under that condition, in one statement each, before its
+rows go; ``farm retry-failed`` gives back no run so marked, and one given back in the
+instant before the mark is left as it was.
 
 Their fence rows on the shards and mod buckets (``fences``, given by the caller:
 ``sharding.fencing.forget``) are what refuse a stalled worker of the run that wakes up and
