@@ -27,6 +27,10 @@ from shardfarm.mysql.pool import Pool
 from shardfarm.retry import NO_RETRY
 from sharding.fencing import FenceToken
 
+# A run's status while 'farm runs prune' deletes its rows (farmcore.prune): nothing
+# recomputes it, and 'farm retry-failed' gives no chunk of it back.
+PRUNING = "pruning"
+
 
 @dataclass(frozen=True)
 class ChunkSpec:
@@ -215,7 +219,7 @@ class Ledger:
         status = "failed" if failed else "done"
         self.pool.execute("UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, "
                           "NOW(3)), chunks_done = %s, chunks_failed = %s, rows_written = %s "
-                          "WHERE run_id = %s AND status <> 'pruning'",  # its rows are going
+                          f"WHERE run_id = %s AND status <> '{PRUNING}'",  # rows going
                           (status, done, failed, written, run_id))
         return status
 
@@ -323,7 +327,7 @@ class Ledger:
         n = self.pool.execute("UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
                               "SET c.state = 'pending', c.attempts = 0, c.not_before = NULL "
                               "WHERE c.run_id = %s AND c.state = 'failed' "
-                              "AND r.status <> 'pruning'", (run_id,))
+                              f"AND r.status <> '{PRUNING}'", (run_id,))
         if n:
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
                               "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "

@@ -27,6 +27,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from farmcore.ledger import PRUNING
 from shardfarm.errors import FarmError, UsageError
 from shardfarm.mysql.pool import Pool
 
@@ -65,9 +66,6 @@ class PruneReport:
 # a run none of whose chunks is pending or running (``r``: the run's row)
 _NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id AND x.state IN "
                  "('pending', 'running'))")
-# A run's status while its rows are deleted: 'farm retry-failed' gives none back, and a
-# prune that dies half way leaves it for the next one to finish.
-PRUNING = "pruning"
 
 
 def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:
