@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import pymysql.cursors
 
 from farmcore.cronstate import CronState
+from farmcore.ledger_reports import LedgerReports
 from farmcore.mismatches import Mismatches
 from farmcore.quarantine import Quarantine
 from farmcore.syncstate import SyncState
@@ -83,7 +84,7 @@ def new_run_id(kind: str) -> str:
     return f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
-class Ledger:
+class Ledger(LedgerReports):
     """Runs and chunks in the control database (the only writer of ``runs`` and ``chunks``).
 
     It opens the control database's pool (``pool``), which the other control stores
@@ -344,34 +345,6 @@ class Ledger:
             raise FatalError(f"no chunk {chunk_id} in run {run_id!r}")
         return dict(zip(cols, rows[0], strict=True))
 
-    # -- reporting ----------------------------------------------------------------------
-    def progress(self, run_id: str) -> list[dict]:
-        """Per chunk kind: chunk counts by state, row totals and timings."""
-        cols = ("kind", "total", "done", "failed", "running", "pending", "rows_read",
-                "rows_written", "rows_quarantined", "busy_seconds", "first_start",
-                "last_finish", "now")
-        rows = self.pool.query(
-            "SELECT kind, COUNT(*), SUM(state = 'done'), SUM(state = 'failed'), "
-            "SUM(state = 'running'), SUM(state = 'pending'), SUM(rows_read), SUM(rows_written), "
-            "SUM(rows_quarantined), SUM(seconds), MIN(started_at), MAX(finished_at), NOW(3) "
-            "FROM chunks WHERE run_id = %s GROUP BY kind ORDER BY MIN(chunk_id)", (run_id,))
-        out = []
-        for r in rows:
-            d = dict(zip(cols, r, strict=True))
-            for k in cols[1:10]:
-                d[k] = float(d[k] or 0) if k == "busy_seconds" else int(d[k] or 0)
-            out.append(d)
-        return out
-
-    def failures(self, run_id: str | None = None, limit: int = 100) -> list[dict]:
-        """Failed chunks (newest runs first) with their reasons."""
-        where, params = ("AND run_id = %s", [run_id]) if run_id else ("", [])
-        cols = ("run_id", "chunk_id", "kind", "attempts", "last_error", "args")
-        rows = self.pool.query(f"SELECT {', '.join(cols)} FROM chunks WHERE state = 'failed' "
-                               f"{where} ORDER BY run_id DESC, chunk_id LIMIT %s",
-                               [*params, limit])
-        return [dict(zip(cols, r, strict=True)) for r in rows]
-
     # -- stores of their own, reached through the ledger by chunk handlers and the CLI -------
     def latest_run(self, kind: str) -> str | None:
         """The newest run of ``kind``, if any."""
@@ -398,9 +371,3 @@ class Ledger:
         if not run_id:
             raise ConfigError(missing)
         return run_id
-
-    def chunk_counts(self, run_id: str) -> list[dict]:
-        """The ``counts`` JSON of every done chunk of a run."""
-        return [json.loads(r[0]) for r in self.pool.query(
-            "SELECT counts FROM chunks WHERE run_id = %s AND state = 'done' AND counts IS NOT NULL",
-            (run_id,))]
