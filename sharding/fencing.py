@@ -175,7 +175,7 @@ def forget(router: Router, run_ids: Sequence[str], dry_run: bool = False) -> int
         queue = partial(_queue_forget, found, ids[i:i + RUNS_PER_STATEMENT], dry_run)
         for group in router.server_groups(list(m.shards()), most=GROUP):
             router.run_group(group, partial(_each_shard, queue), pipelined=True)
-        for group in _bucket_groups(m):
+        for group in router.mod_groups(range(m.buckets), most=GROUP):
             router.run_mod(group[0], partial(_each_bucket, group, queue), multi=True)
     return sum(found.values())
 
@@ -198,14 +198,6 @@ def _note(found: dict[tuple[str, str], int], key: tuple[str, str], dry_run: bool
           res: Result) -> None:
     """Record one statement's rows (counted, or deleted) under ``key``."""
     found[key] = int(res.rows[0][0]) if dry_run else res.rowcount
-
-
-def _bucket_groups(m: ShardMap) -> list[list[int]]:
-    """Every mod bucket, in ascending groups of at most ``GROUP`` on one server."""
-    by_server: dict[tuple, list[int]] = {}
-    for b in range(m.buckets):
-        by_server.setdefault(m.mod_master(b).server, []).append(b)
-    return [g[i:i + GROUP] for g in by_server.values() for i in range(0, len(g), GROUP)]
 
 
 def _each_bucket(buckets: list[int], queue: Callable[[Pipeline, str], None],

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Literal, TypeVar
 
@@ -142,15 +142,12 @@ class Router:
         """``shards`` in ascending groups of at most ``most`` whose masters are one physical
         server now, each server's shards cut into at least ``parts`` groups (so that as many
         threads have work)."""
-        m = self.shardmap
-        by_server: dict[tuple, list[int]] = {}
-        for s in sorted(set(shards)):
-            by_server.setdefault(m.master(s).server, []).append(s)
-        out = []
-        for group in by_server.values():
-            size = max(1, min(most, -(-len(group) // max(1, parts))))
-            out += [group[i:i + size] for i in range(0, len(group), size)]
-        return out
+        return _server_groups(shards, self.shardmap.master, parts, most)
+
+    def mod_groups(self, buckets: Iterable[int], most: int = 128) -> list[list[int]]:
+        """Mod ``buckets`` in ascending groups of at most ``most`` whose masters are one
+        physical server now (for ``run_mod`` of the group's first bucket)."""
+        return _server_groups(buckets, self.shardmap.mod_master, 1, most)
 
     def run_group(self, shards: list[int], fn: Callable[..., None],
                   policy: RetryPolicy | None = None, *,
@@ -229,6 +226,20 @@ class Router:
             pools, self._pools = list(self._pools.values()), {}
         for p in pools:
             p.close()
+
+
+def _server_groups(numbers: Iterable[int], master: Callable[[int], Host], parts: int,
+                   most: int) -> list[list[int]]:
+    """Shard or bucket ``numbers`` in ascending groups of at most ``most`` on one server
+    (``master(n).server``), each server's cut into at least ``parts`` groups."""
+    by_server: dict[tuple, list[int]] = {}
+    for n in sorted(set(numbers)):
+        by_server.setdefault(master(n).server, []).append(n)
+    out = []
+    for group in by_server.values():
+        size = max(1, min(most, -(-len(group) // max(1, parts))))
+        out += [group[i:i + size] for i in range(0, len(group), size)]
+    return out
 
 
 class _Regroup(Exception):

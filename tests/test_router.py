@@ -5,10 +5,11 @@ import pytest
 
 from shardfarm.errors import DatabaseError, UnreachableError
 from shardfarm.retry import RetryPolicy
-from sharding.mapsource import ShardMapSource
+from sharding.mapsource import FixedSource, ShardMapSource
 from sharding.router import Router
 from sharding.schema import shard_table
-from tests.conftest import SHARDS_A, SHARDS_B
+from sharding.shardmap import ShardMap
+from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS, make_map_doc
 
 
 def _connection_id(router, shard):
@@ -94,6 +95,23 @@ def test_server_groups_keep_each_group_on_one_server(router):
         assert g == sorted(g) and len(g) <= 3
         assert len({router.host_for(s).server for s in g}) == 1
     assert len(router.server_groups(shards, parts=2, most=100)) == 4  # 2 per server
+
+
+def test_mod_groups_keep_each_group_on_one_server():
+    """Buckets of two servers, interleaved: groups never mix them (pure: no connection)."""
+    doc = make_map_doc(port_b=3399)
+    doc["mod"]["ranges"] = [
+        {"range": [0, 9], "master": "TestA1", "slave": "TestA2"},
+        {"range": [10, 19], "master": "TestB1", "slave": "TestB2"},
+        {"range": [20, TEST_BUCKETS - 1], "master": "TestA1", "slave": "TestA2"}]
+    router = Router(FixedSource(ShardMap.from_dict(doc)))
+    groups = router.mod_groups(reversed(range(TEST_BUCKETS)), most=16)
+    assert sorted(b for g in groups for b in g) == list(range(TEST_BUCKETS))
+    for g in groups:
+        assert g == sorted(g) and len(g) <= 16
+        assert len({router.shardmap.mod_master(b).port for b in g}) == 1
+    assert [0, *range(1, 10), *range(20, 26)] in groups  # server A's first 16, across ranges
+    assert router.mod_groups([12, 3, 12], most=16) == [[3], [12]]
 
 
 def test_a_group_is_one_transaction_and_follows_a_changed_map(router):

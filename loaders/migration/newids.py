@@ -116,16 +116,11 @@ class NewIds:
 
     def _by_bucket(self, keys: Iterable[tuple[int, int]]) -> list[list[tuple[int, list]]]:
         """Keys grouped by mod bucket, in runs of ``UNION_BUCKETS`` buckets on one server."""
-        by_server: dict[tuple, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-        m = self.router.shardmap
+        buckets: dict[int, list] = defaultdict(list)
         for t, legacy in keys:
-            b = self._bucket(t, legacy)
-            by_server[m.mod_master(b).server][b].append((t, legacy))
-        runs = []
-        for buckets in by_server.values():
-            items = sorted(buckets.items())
-            runs += [items[i:i + UNION_BUCKETS] for i in range(0, len(items), UNION_BUCKETS)]
-        return runs
+            buckets[self._bucket(t, legacy)].append((t, legacy))
+        return [[(b, buckets[b]) for b in group]
+                for group in self.router.mod_groups(buckets, most=UNION_BUCKETS)]
 
     def _lookup(self, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
         found: dict[tuple[int, int], int] = {}
