@@ -161,22 +161,27 @@ class FileWriter(PartWriter):
         self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed at commit or abort
 
     def write(self, data: bytes) -> None:
+        """Append ``data`` to the temp file."""
         self.f.write(data)
 
     def commit(self) -> None:
+        """Publish the part, then make its name durable (fsync of the directory)."""
         super().commit()
         sync_dir(self.target.parent)
 
     def prepare(self) -> None:
+        """Make the temp file's bytes durable and close it."""
         self.f.flush()
         os.fsync(self.f.fileno())
         self.f.close()
 
     def publish(self) -> None:
+        """Check the fence, then rename the temp file over the part."""
         self.fence()  # the last word before the rename: nothing slow may come between
         os.replace(self.tmp, self.target)
 
     def abort(self) -> None:
+        """Close and delete the temp file; the part is left as it was."""
         with suppress(OSError):
             self.f.close()
         with suppress(FileNotFoundError):
@@ -208,6 +213,7 @@ class FileDestination(Destination):
         return self.root.joinpath(*[p for p in parts if p not in ("", ".")])
 
     def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
+        """A writer of the part at ``key``, published by ``commit``."""
         return FileWriter(self._path(key), fence)
 
     def drop_leftovers_of(self, folder: str, names: list[str]) -> None:
@@ -222,6 +228,7 @@ class FileDestination(Destination):
                 os.unlink(p)
 
     def sync(self, folder: str) -> None:
+        """Make the names renamed into ``folder`` durable."""
         path = self._path(folder)
         if path.is_dir():
             sync_dir(path)
@@ -237,6 +244,7 @@ class FileDestination(Destination):
                 stale.unlink()
 
     def sha256(self, key: str) -> str | None:
+        """SHA-256 hex digest of ``key``'s bytes, or ``None`` if it does not exist."""
         try:
             with open(self._path(key), "rb") as f:
                 return hashlib.file_digest(f, "sha256").hexdigest()
@@ -244,28 +252,33 @@ class FileDestination(Destination):
             return None
 
     def size(self, key: str) -> int | None:
+        """Bytes in ``key``, or ``None`` if it does not exist."""
         try:
             return self._path(key).stat().st_size
         except FileNotFoundError:
             return None
 
     def read(self, key: str) -> bytes | None:
+        """The content of ``key``, or ``None`` if it does not exist."""
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
 
     def list(self, prefix: str) -> list[str]:
+        """Keys of every file under ``prefix``, sorted."""
         base = self._path(prefix) if prefix else self.root
         if not base.is_dir():
             return []
         return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file())
 
     def delete(self, key: str) -> None:
+        """Delete ``key`` (nothing if it does not exist)."""
         with suppress(FileNotFoundError):
             self._path(key).unlink()
 
     def check(self) -> None:
+        """Create the root directory, or one line saying why it cannot be."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

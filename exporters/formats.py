@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Iterator
+from types import ModuleType
 
 from exporters.destinations import PartWriter
 from shardfarm.errors import ConfigError
@@ -28,6 +29,7 @@ class Hashed:
         self.sha = hashlib.sha256()
 
     def write(self, data: bytes) -> None:
+        """Pass ``data`` on to the writer, counting its bytes and hashing them."""
         if data:
             self.out.write(data)
             self.sha.update(data)
@@ -85,7 +87,7 @@ class _Sink:
         return False
 
 
-def require_pyarrow():
+def require_pyarrow() -> ModuleType:
     """pyarrow, or one clear line telling how to get it."""
     try:
         import pyarrow

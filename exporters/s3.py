@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from typing import Any
 
 from exporters.destinations import Destination, DestinationError, Fence, PartWriter, _no_fence
 from shardfarm.errors import ConfigError
@@ -52,6 +53,7 @@ class S3Writer(PartWriter):
             raise _s3_error(exc, f"{what} {self.bucket}/{self.key}") from None
 
     def write(self, data: bytes) -> None:
+        """Buffer ``data``; a full buffer goes up as the next part of the multipart upload."""
         self.buf += data
         if len(self.buf) >= self.part_size:
             self._flush_part()
@@ -70,10 +72,13 @@ class S3Writer(PartWriter):
             self.part_size *= 2
 
     def prepare(self) -> None:
+        """Send the buffered rest as the last part of a multipart upload (an object that never
+        filled a part goes up whole at ``publish``)."""
         if self.upload_id is not None and (self.buf or not self.parts):
             self._flush_part()
 
     def publish(self) -> None:
+        """Check the fence, then complete the upload: the object appears at once, whole."""
         if self.upload_id is None:
             body = bytes(self.buf)
             meta = {SHA256_META: hashlib.sha256(body).hexdigest()}
@@ -87,6 +92,7 @@ class S3Writer(PartWriter):
         self.buf = bytearray()
 
     def abort(self) -> None:
+        """Abort the multipart upload; nothing appears."""
         if self.upload_id is not None and not self.closed:
             try:
                 self._call("abort_multipart_upload", self.client.abort_multipart_upload,
@@ -109,7 +115,7 @@ class S3Destination(Destination):
         self._client = client
 
     @property
-    def client(self):
+    def client(self) -> Any:
         """A boto3 S3 client, built on first use."""
         if self._client is None:
             import boto3
@@ -120,6 +126,7 @@ class S3Destination(Destination):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
+        """A writer of the object at ``key``, published by ``commit``."""
         return S3Writer(self.client, self.bucket, self._key(key), fence=fence)
 
     def sizes(self, folder: str, names: list[str]) -> dict[str, int]:
@@ -163,6 +170,7 @@ class S3Destination(Destination):
             raise _s3_error(exc, f"get_object {self.bucket}/{self._key(key)}") from None
 
     def size(self, key: str) -> int | None:
+        """Bytes in ``key``, or ``None`` if it does not exist."""
         try:
             return int(self.client.head_object(Bucket=self.bucket,
                                                Key=self._key(key))["ContentLength"])
@@ -172,6 +180,7 @@ class S3Destination(Destination):
             raise _s3_error(exc, f"head_object {self.bucket}/{self._key(key)}") from None
 
     def read(self, key: str) -> bytes | None:
+        """The content of ``key``, or ``None`` if it does not exist."""
         try:
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
         except Exception as exc:  # noqa: BLE001 - a missing object is NoSuchKey
@@ -180,6 +189,7 @@ class S3Destination(Destination):
             raise _s3_error(exc, f"get_object {self.bucket}/{self._key(key)}") from None
 
     def list(self, prefix: str) -> list[str]:
+        """Keys of every object under ``prefix``, sorted."""
         full, out = self._key(prefix), []
         strip = len(self.prefix) + 1 if self.prefix else 0
         try:
@@ -191,12 +201,14 @@ class S3Destination(Destination):
         return sorted(out)
 
     def delete(self, key: str) -> None:
+        """Delete ``key`` (nothing if it does not exist)."""
         try:
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as exc:  # noqa: BLE001 - translated
             raise _s3_error(exc, f"delete_object {self.bucket}/{self._key(key)}") from None
 
     def check(self) -> None:
+        """Check the bucket is reachable, or one line saying why not."""
         try:
             self.client.head_bucket(Bucket=self.bucket)
         except Exception as exc:  # noqa: BLE001 - translated

@@ -94,4 +94,5 @@ class ProgressBars(LiveLines):
         self.label = label
 
     def __call__(self, p: RunProgress) -> None:
+        """Draw the run's progress lines."""
         self.draw(progress_lines(self.label, p))

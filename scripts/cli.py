@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from typing import Any
 
 import click
 import redis
@@ -43,7 +44,7 @@ class FarmGroup(click.Group):
             importlib.import_module(f"scripts.{module}").register(self)
         return self.commands.get(cmd_name)
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> Any:
         """Run the command; a ``FarmError`` or Redis error becomes one line and an exit code."""
         try:
             return super().invoke(ctx)

@@ -56,6 +56,7 @@ class RedactingFormatter(logging.Formatter):
     """The text format, with any URL's password replaced by ``***``."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as text, with passwords redacted."""
         return redact(super().format(record))
 
 
@@ -64,6 +65,7 @@ class JsonFormatter(logging.Formatter):
     known context fields and, for an exception, its traceback."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON line, with passwords redacted."""
         doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
                + f".{int(record.msecs):03d}Z",
                "level": record.levelname, "logger": record.name,

@@ -193,7 +193,8 @@ def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int
     return resolver, [(r, resolver.judge(spec, r)) for r in rows]
 
 
-def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver):
+def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver
+         ) -> present.Held | dict[str, set[tuple[int, int]]]:
     """What the target holds for ``sel`` now (read before the selection writes)."""
     if spec.is_object:
         return present.held_objects(router, spec.name, spec.type_name, sel)
