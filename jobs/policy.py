@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -64,6 +65,15 @@ def parse_modules(values: Iterable[str]) -> tuple[str, ...]:
                                         "(expected dotted names such as 'mycompany.jobs')")
             out.append(part)
     return tuple(dict.fromkeys(out))
+
+
+def add_operator_path() -> None:
+    """Let the operator's own job modules in the working directory import (like rq's
+    ``--path .``): the directory goes last on ``sys.path``, so that a folder there named
+    like one of the farm's packages (``workers/``, ``jobs/``) cannot stand in for it."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.append(here)
 
 
 @dataclass(frozen=True)

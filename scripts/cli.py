@@ -5,13 +5,13 @@
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from typing import Any
 
 import click
 import redis
 
+from jobs.policy import add_operator_path
 from shardfarm import log as farm_log
 from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
@@ -82,10 +82,7 @@ def cli(log_level: str | None, log_format: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: usage errors, like every other error, are one line."""
-    # like rq's --path ., so operators' own modules import; last, so that a folder here
-    # named like one of the farm's packages cannot stand in for it (commands load late)
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
+    add_operator_path()  # commands load late: the farm's packages are found first
     try:
         cli.main(args=argv, prog_name="farm", standalone_mode=False)
     except click.UsageError as exc:

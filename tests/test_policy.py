@@ -6,6 +6,7 @@ import pickle
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import redis
@@ -138,3 +139,30 @@ def test_the_farm_handlers_named_as_text_are_the_modules_handlers():
     found = subprocess.run(["git", "grep", "-l", "^HANDLER = ", "--", "*.py", ":!tests/"],
                            cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert {f[:-3].replace("/", ".") for f in found} == modules
+
+
+def test_workers_import_the_farm_before_the_working_directory(tmp_path, farm_env, conn,
+                                                              marker):
+    """A folder named like a farm package where ``farm workers`` starts is not imported in
+    the farm's place; the operator's own job modules there still import (appended last)."""
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "__init__.py").write_text("")
+    (tmp_path / "workers" / "worker.py").write_text(
+        "import os, pathlib\n"
+        "pathlib.Path(os.environ['FARM_TEST_IMPORT_MARKER']).write_text('imported')\n")
+    (tmp_path / "herejobs.py").write_text(
+        "from rq import get_current_job\n\n\n"
+        "def note(key: str) -> None:\n"
+        "    get_current_job().connection.hset('test:here', key, 1)\n")
+    env = {**farm_env, "FARM_JOB_MODULES": "herejobs", "FARM_TEST_IMPORT_MARKER": str(marker)}
+    farm = str(Path(sys.executable).with_name("farm"))  # the console command, as installed
+
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([farm, *args], cwd=tmp_path, env=env, input=stdin, text=True,
+                              capture_output=True, timeout=120)
+    sent = run("enqueue", "farm", "herejobs.note", "--file", "-", stdin='{"key": "a"}\n')
+    assert sent.returncode == 0, sent.stderr
+    done = run("workers", "--count", "1", "--burst")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not marker.exists()  # the farm's workers.worker ran, not the folder's
+    assert conn.hgetall("test:here") == {b"a": b"1"}  # the operator's module did import

@@ -122,7 +122,9 @@ class Supervisor:
 
     def spawn(self) -> None:
         """Start one worker process."""
-        cmd = [sys.executable, "-m", "workers.worker", "--queues", ",".join(self.queues)]
+        # -P: not the working directory first, where a folder named like a farm package
+        # would be imported in its place; the worker appends it last (add_operator_path)
+        cmd = [sys.executable, "-P", "-m", "workers.worker", "--queues", ",".join(self.queues)]
         if self.burst:
             cmd.append("--burst")
         self.children.append(subprocess.Popen(cmd, env=self._child_env()))
@@ -137,7 +139,6 @@ class Supervisor:
                     "FARM_SHARDMAP": s.shardmap_spec})
         if self.metrics:
             env[ENV_KEY] = self.metrics.key
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
         return env
 
     def converge(self) -> None:

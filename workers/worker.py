@@ -21,7 +21,7 @@ from rq.serializers import JSONSerializer
 
 from jobs import runtime, settle
 from jobs.farmjob import FarmJob, job_refusal
-from jobs.policy import FARM_HANDLERS, ForbiddenJobError
+from jobs.policy import FARM_HANDLERS, ForbiddenJobError, add_operator_path
 from jobs.queue import rq_queue
 from jobs.status import worker_name
 from shardfarm import log as farm_log
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst", action="store_true")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
+    add_operator_path()
     farm_log.setup()
     worker = build(Settings.from_env(), args.queues.split(","), args.name)
     farm_log.set_process(worker=worker.name)
