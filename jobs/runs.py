@@ -63,6 +63,8 @@ def summary(rt: Runtime, run_id: str) -> dict:
     run = rt.ledger.run(run_id)
     kinds = {k["kind"]: k for k in rt.ledger.progress(run_id)}
     names = run["params"].get("kinds") or list(kinds)
+    if run["kind"] == "verify":
+        return _verify_summary(rt, run, kinds, names)
     doc = {"run_id": run_id, "status": run["status"],
            "loaded": {n: kinds[n]["rows_written"] if n in kinds else 0 for n in names},
            "quarantined": {n: kinds[n]["rows_quarantined"] if n in kinds else 0 for n in names},
@@ -72,6 +74,21 @@ def summary(rt: Runtime, run_id: str) -> dict:
     elif run["kind"] == "rebalance":
         doc["boards"] = _boards_moved(rt, run_id)
     return doc
+
+
+def _verify_summary(rt: Runtime, run: dict, kinds: dict[str, dict], names: list[str]) -> dict:
+    """A verify run's summary: rows checked per table and mismatches found (not "loaded")."""
+    return {"run_id": run["run_id"], "of_run": run["params"].get("of_run"),
+            "status": run["status"],
+            "checked": {n: kinds[n]["rows_written"] if n in kinds else 0 for n in names},
+            "mismatches": rt.ledger.mismatches.of_run(run["run_id"], limit=0)[0],
+            "failed_chunks": sum(k["failed"] for k in kinds.values())}
+
+
+def ended_well(doc: dict) -> bool:
+    """Whether a run's summary says it ended well: every chunk done and, for a verify run,
+    no mismatch (what a command that waited for it exits 0 on)."""
+    return doc["status"] == "done" and not doc.get("mismatches")
 
 
 def _unchanged_parts(rt: Runtime, run_id: str, tables: list[str]) -> dict[str, int]:

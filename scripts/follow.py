@@ -39,11 +39,12 @@ def show_summary(rt: Runtime, run_id: str, as_json: bool) -> dict:
 def finish(app: App, run_id: str, wait: bool, as_json: bool = False) -> None:
     """Print the run's summary (after showing progress until it ends, with ``wait``).
 
-    With ``wait`` the exit code is 0 only if every chunk finished.
+    With ``wait`` the exit code is 0 only if every chunk finished (and a verify run found
+    no mismatch).
     """
     rt = app.runtime
     if wait:
         wait_with_progress(rt, run_id)
     doc = show_summary(rt, run_id, as_json)
-    if wait and doc["status"] != "done":
+    if wait and not runs.ended_well(doc):
         sys.exit(1)

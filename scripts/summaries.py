@@ -60,6 +60,9 @@ def summary_lines(doc: dict, kind: str, p: RunProgress) -> list[str]:
     lines = [headline(doc, kind, p)]
     if doc["status"] == "running":
         return [*lines, f"  follow it: 'farm status --run {rid}', or 'farm resume {rid} --wait'"]
+    if kind == "verify":
+        return [verify_line(doc), *([f"  mismatches   'farm mismatches --run {rid}' lists "
+                                     "them all"] if doc["mismatches"] else [])]
     if kind == "export":
         lines += export_lines(doc)
     elif kind == "rebalance":

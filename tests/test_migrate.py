@@ -121,6 +121,10 @@ def test_verify_reports_corruption_with_legacy_key(migrated, farm_env, settings,
         assert listed.returncode == 0, listed.stderr
         assert all(f"mismatch pins {p} pins: data differs: details" in listed.stdout
                    for p in tampered)
+        again = run_farm(farm_env, "resume", vid, "--wait")  # a finished verify, followed
+        assert again.returncode == 1, again.stderr  # its mismatches still fail it
+        doc = json.loads(again.stdout.strip().splitlines()[-1])
+        assert doc["status"] == "done" and doc["mismatches"] == 2 and "loaded" not in doc
     finally:
         run_farm(farm_env, "migrate", "--wait", timeout=600)  # repair by re-running
     assert run_farm(farm_env, "verify", timeout=600).returncode == 0

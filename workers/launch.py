@@ -103,17 +103,15 @@ class VerifyOutcome:
     @property
     def ok(self) -> bool:
         """Every chunk done and no mismatch."""
-        return self.summary["status"] == "done" and not self.summary["mismatches"]
+        return runs.ended_well(self.summary)
 
 
 def verify_outcome(rt: Runtime, vid: str, of_run: str, status: str,
                    limit: int = 50) -> VerifyOutcome:
     """The outcome of verify run ``vid`` of ``of_run`` that ended in ``status``."""
-    n, examples = rt.ledger.mismatches.of_run(vid, limit=limit)
-    summary = runs.summary(rt, vid)
-    return VerifyOutcome({"run_id": vid, "of_run": of_run, "status": status,
-                          "checked": summary["loaded"], "mismatches": n,
-                          "failed_chunks": summary["failed_chunks"]}, examples)
+    _, examples = rt.ledger.mismatches.of_run(vid, limit=limit)
+    return VerifyOutcome({**runs.summary(rt, vid), "of_run": of_run, "status": status},
+                         examples)
 
 
 def export(rt: Runtime, date: str, dest: str | None, tables: list[str], fmt: str, role: str,
