@@ -36,11 +36,14 @@ def init(app: App, tune: bool) -> None:
 @shards_group.command("show")
 @farm_options
 def show(app: App) -> None:
-    """Print the shard map's ranges and hosts (without passwords)."""
+    """Print a summary of the map in force: shard and mod ranges, open ranges, hosts
+    (``user@host:port``, never a password)."""
     m = app.source.current()
     emit({"version": m.version, "shards": m.shard_count(), "buckets": m.buckets,
           "ranges": [{"range": [r.lo, r.hi], "master": r.master, "slave": r.slave}
                      for r in m.shard_ranges],
+          "mod_ranges": [{"range": [r.lo, r.hi], "master": r.master, "slave": r.slave}
+                         for r in m.mod_ranges],
           "hosts": {n: f"{h.user}@{h.host}:{h.port}" for n, h in m.hosts.items()},
           "open": [[*r, w] for r, w in zip(m.open_ranges, m.open_weights, strict=True)]})
 

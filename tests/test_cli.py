@@ -18,6 +18,24 @@ def test_id_decode_and_encode(farm_env):
                                       "type_name": "pin", "local": 42}
 
 
+def test_shards_show_summarises_the_map_in_force_without_passwords(farm_env, map_path,
+                                                                    tmp_path):
+    doc = json.loads(Path(map_path).read_text())
+    doc["hosts"]["TestA1"]["password"] = "topsecret"
+    doc["mod"]["ranges"] = [{"range": [0, 9], "master": "TestA1", "slave": "TestA2"},
+                            {"range": [10, TEST_BUCKETS - 1], "master": "TestB1",
+                             "slave": "TestB2"}]
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(doc))
+    out = run_farm({**farm_env, "FARM_SHARDMAP": str(path)}, "shards", "show")
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout)
+    assert [r["range"] for r in shown["ranges"]] == [r["range"] for r in doc["shards"]]
+    assert shown["mod_ranges"] == doc["mod"]["ranges"] and shown["buckets"] == TEST_BUCKETS
+    assert shown["hosts"]["TestA1"] == "root@127.0.0.1:3306"
+    assert "topsecret" not in out.stdout + out.stderr
+
+
 @pytest.mark.slow
 def test_bad_id_exits_2_with_one_line(farm_env):
     for bad in ("nope", str(2**62), "-3", str(1 << 46)):
