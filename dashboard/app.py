@@ -8,11 +8,11 @@ seconds and swap it in (without script the page still works: reload it).
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
-from urllib.parse import urlencode
 
 import redis
-from flask import Flask, Response, redirect, render_template, request
+from flask import Flask, Response, flash, get_flashed_messages, redirect, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from dashboard import actions, chart, metrics
@@ -24,13 +24,22 @@ from shardfarm.errors import FarmError
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 200
+MAX_PAGE = 1_000_000
 REFRESH_MS = 2000
+# Sent with every response: no other site may frame the page (a framed confirm button could
+# be clicked through), and a browser takes each response as the type it says it is.
+HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'",
+           "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
 def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
     """The application over one runtime (ledger, Redis) and one action guard; ``warm``: read
     the first page's runs in the background now, so the first visitor waits less."""
     app = Flask(__name__)
+    # signs the cookie that carries an action's result to the next page: the page shows only
+    # what an action of this process said, not a text put in its address by anyone
+    app.secret_key = secrets.token_bytes(32)
+    app.config.update(SESSION_COOKIE_SAMESITE="Strict")
     reader, calendar = Reader(rt), Calendar(rt.ledger)
     if warm:
         threading.Thread(target=_warm, args=(reader,), daemon=True).start()
@@ -40,7 +49,7 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
 
     def board_context() -> dict:
         limit = min(max(request.args.get("limit", 50, type=int) or 50, 1), MAX_LIMIT)
-        page = max(request.args.get("page", 1, type=int) or 1, 1)
+        page = min(max(request.args.get("page", 1, type=int) or 1, 1), MAX_PAGE)
         kind = request.args.get("kind") or None
         board = reader.board(limit=limit, kind=kind, offset=(page - 1) * limit)
         dates, tables, cells = calendar.grid()
@@ -49,8 +58,8 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
 
     @app.get("/")
     def index() -> str:
-        return render_template("index.html", note=request.args.get("note", "")[:200],
-                               **board_context())
+        note = next(iter(get_flashed_messages()), "")
+        return render_template("index.html", note=note[:200], **board_context())
 
     @app.get("/fragment")
     def fragment() -> str:
@@ -74,7 +83,19 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
         req = actions.Request.parse(request.form.to_dict())
         done = actions.perform(rt, req)
         log.info("dashboard action: %s (from %s)", done, request.remote_addr)
-        return redirect("/?" + urlencode({"note": done}), code=303)
+        flash(done)
+        return redirect("/", code=303)
+
+    _answers(app)
+    return app
+
+
+def _answers(app: Flask) -> None:
+    """What every response carries, and how refusals and farm errors are shown."""
+    @app.after_request
+    def headers(resp: Response) -> Response:
+        resp.headers.update(HEADERS)
+        return resp
 
     @app.errorhandler(ActionRefused)
     def refused(exc: ActionRefused) -> tuple[str, int]:
@@ -83,8 +104,6 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
     @app.errorhandler(FarmError)
     def farm_error(exc: FarmError) -> tuple[str, int]:
         return render_template("refused.html", why=str(exc).splitlines()[0]), 409
-
-    return app
 
 
 def _warm(reader: Reader) -> None:

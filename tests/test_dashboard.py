@@ -49,6 +49,30 @@ def test_a_throttled_run_says_why(rt, client_for):
     assert "state-throttled" in body and "Threads_running 9 &gt; 3" in body
 
 
+def test_no_other_site_may_frame_it_or_put_words_in_its_mouth(rt, client_for):
+    """Every answer forbids framing; a note in the address is not shown (only an action's own
+    result is, once); a page number past any offset MySQL takes is capped, not an error."""
+    make_run(rt.ledger)
+    client = client_for(True, TOKEN)
+    for path in ("/", "/fragment", "/metrics", "/confirm?action=nope"):
+        resp = client.get(path)
+        assert resp.headers["X-Frame-Options"] == "DENY", path
+        assert "frame-ancestors 'none'" in resp.headers["Content-Security-Policy"], path
+    forged = client.get("/?note=Your+token+expired:+log+in+at+evil.example")
+    assert "evil.example" not in forged.get_data(as_text=True)
+    assert client.get("/?page=99999999999999999999").status_code == 200
+    assert client.get("/fragment?page=9223372036854775807&limit=200").status_code == 200
+
+
+def test_an_actions_note_is_shown_once(rt, client_for):
+    run_id = make_run(rt.ledger)
+    client = client_for(True, TOKEN)
+    resp = client.post("/action", data={"action": "pause", "run_id": run_id, "token": TOKEN})
+    assert resp.status_code == 303 and resp.headers["Location"] == "/"
+    assert f"paused {run_id}" in client.get("/").get_data(as_text=True)
+    assert f"paused {run_id}" not in client.get("/").get_data(as_text=True).split('id="live"')[0]
+
+
 def test_read_only_refuses_every_action(rt, client_for):
     run_id = make_run(rt.ledger)
     client = client_for()
