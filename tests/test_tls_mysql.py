@@ -16,6 +16,8 @@ import pytest
 
 from farmcore import control_schema
 from farmcore.ledger import Ledger
+from loaders.migration import binlog
+from loaders.migration.feed import Feed
 from shardfarm.errors import PermanentDatabaseError
 from shardfarm.mysql.db import connect, ensure_database
 from shardfarm.mysql.dsn import DSN
@@ -66,7 +68,8 @@ def tls_server():
     cert, key = _server_cert(base, ca)
     server = PrivateMariaDB.launch(
         {"innodb-buffer-pool-size": "32M", "ssl-ca": str(ca[0]), "ssl-cert": str(cert),
-         "ssl-key": str(key), "require-secure-transport": "ON"},
+         "ssl-key": str(key), "require-secure-transport": "ON",
+         "server-id": "1", "log-bin": "mariadb-bin", "binlog-format": "ROW"},  # farm sync
         prefix="farm-tls-", alive=lambda port: _tls_alive(port, ca[0]), timeout=30)
     yield server.port, ca[0], other[0]
     server.stop()
@@ -176,3 +179,58 @@ def test_connections_without_tls_settings_share_one_preferred_context(tls_server
     finally:
         for c in conns:
             c.close()
+
+
+def test_sync_follows_the_binlog_over_verified_tls(tls_server):
+    """``farm sync``'s binlog stream keeps the DSN's TLS settings: the server's certificate is
+    verified (without them, PyMySQL's opportunistic TLS took any certificate)."""
+    port, ca, other = tls_server
+    wrong = _dsn(port, f"ssl_ca={other}&ssl_verify=1")
+    with pytest.raises(pymysql.err.OperationalError, match="certificate verify failed"):
+        next(binlog.stream(wrong, "", {"users": ("id",)}, heartbeat=0.5))
+    feed = Feed(wrong, "")  # farm sync's reader process: one line, not retried
+    try:
+        with pytest.raises(PermanentDatabaseError) as exc:
+            feed.take(_Keys(), 10)
+    finally:
+        feed.close()
+    assert "certificate verify failed" in str(exc.value) and "\n" not in str(exc.value)
+    assert f"legacy (root@127.0.0.1:{port}/mysql)" in str(exc.value)
+    assert "FARM_LEGACY_DSN" in str(exc.value)
+    conn = pymysql.connect(host="127.0.0.1", port=port, user="root", ssl_ca=str(ca),
+                           autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute("CREATE DATABASE IF NOT EXISTS tls_legacy")
+        cur.execute("CREATE TABLE IF NOT EXISTS tls_legacy.users (id BIGINT UNSIGNED PRIMARY "
+                    "KEY, username VARCHAR(64) NULL, email VARCHAR(255) NULL, full_name "
+                    "VARCHAR(255) NULL, created_at DATETIME NULL)")
+        cur.execute("SELECT @@gtid_binlog_pos")
+        start = cur.fetchone()[0]
+        cur.execute("INSERT INTO tls_legacy.users VALUES (7, 'ana', NULL, NULL, NULL)")
+    dsn = DSN.parse(f"mysql://root@127.0.0.1:{port}/tls_legacy?ssl_ca={ca}&ssl_verify=1")
+    got = []
+    try:
+        for item in binlog.stream(dsn, start, {"users": ("id", "username")}, heartbeat=0.5):
+            if isinstance(item, binlog.Mark):
+                if item.idle:
+                    break
+                continue
+            got.append(item.after)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute("DROP DATABASE tls_legacy")
+        conn.close()
+    assert got == [{"id": 7, "username": "ana"}]
+
+
+class _Keys:
+    """A batch that only counts (``Feed.take``'s argument)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def add(self, table: str, before: dict | None, after: dict | None) -> None:
+        self.n += 1
+
+    def rows(self) -> int:
+        return self.n

@@ -19,6 +19,7 @@ from contextlib import suppress
 from typing import Protocol
 
 import orjson
+import pymysql
 
 from loaders.migration.binlog import (
     Change,
@@ -28,7 +29,9 @@ from loaders.migration.binlog import (
     stream,
 )
 from loaders.migration.spec import SPEC
-from shardfarm.errors import FarmError, TransientDatabaseError
+from shardfarm.errors import FarmError, PermanentDatabaseError, TransientDatabaseError
+from shardfarm.mysql.connect import translate
+from shardfarm.mysql.db import where
 from shardfarm.mysql.dsn import DSN
 
 CHANGE, MARK, ERROR = 0, 1, 2
@@ -110,7 +113,8 @@ class Feed:
         self._proc.join(5)
 
 
-FATAL = {"purged": PurgedPositionError, "partial": PartialImageError}
+FATAL = {"purged": PurgedPositionError, "partial": PartialImageError,
+         "permanent": PermanentDatabaseError}
 
 
 def _error(kind: str, message: str) -> FarmError:
@@ -138,6 +142,10 @@ def _read(dsn: DSN, start: str, send) -> None:
         out.append([ERROR, next(k for k, c in FATAL.items() if isinstance(exc, c)), str(exc)])
     except (BrokenPipeError, EOFError):
         return  # the parent is gone
+    except pymysql.MySQLError as exc:  # named as every other connection's (TLS refused, ...)
+        err = translate(exc, where(dsn))
+        kind = "permanent" if isinstance(err, PermanentDatabaseError) else "other"
+        out.append([ERROR, kind, f"reading the binlog: {err}"])
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
         out.append([ERROR, "other", f"reading the binlog of {dsn.host}:{dsn.port}: "
                                     f"{type(exc).__name__}: {exc}"])
