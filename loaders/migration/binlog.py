@@ -122,7 +122,7 @@ def stream(dsn: DSN, start: str, columns: Columns, heartbeat: float = 1.0
     ``start``."""
     # its advice to log column names (binlog_row_metadata=FULL) is handled here: ``named``
     logging.getLogger("pymysqlreplication").setLevel(logging.ERROR)
-    conn = {"host": dsn.host, "port": dsn.port, "user": dsn.user, "passwd": dsn.password or "",
+    conn = {"host": dsn.host, "port": dsn.port, "user": dsn.user, "password": dsn.password or "",
             **dsn.tls_args()}  # the DSN's TLS settings, as every other connection to it
     reader = BinLogStreamReader(
         connection_settings=conn, server_id=random.randint(10**6, 2**31), blocking=True,
