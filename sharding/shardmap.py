@@ -136,9 +136,18 @@ def _fail(msg: str) -> ShardMapError:
     return ShardMapError(f"bad shard map: {msg}")
 
 
+class _Missing:
+    """A key the document does not have (``_kind`` says so, rather than "null")."""
+
+
+MISSING = _Missing()
+
+
 def _kind(value: object) -> str:
     """What a wrong value is, for a message: its JSON type, and the value if it is short and
     harmless (a number or null; never a string, which may be a password in the wrong place)."""
+    if value is MISSING:
+        return "nothing (the key is missing)"
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -187,7 +196,7 @@ def _parse_host(name: object, doc: object) -> Host:
         raise _fail(f"hosts: invalid host name {_label(name)} (letters, digits, '_', '.', '-')")
     where = f"hosts.{name}"
     d = _obj(doc, where)
-    host = _str(d.get("host"), f"{where}.host", _ADDRESS, "a host name or IP address")
+    host = _str(d.get("host", MISSING), f"{where}.host", _ADDRESS, "a host name or IP address")
     port = _int(d.get("port", 3306), f"{where}.port")
     if not 1 <= port <= 65535:
         raise _fail(f"{where}.port {port} out of range 1..65535")
@@ -232,7 +241,7 @@ def _pair(value: object, where: str) -> tuple[int, int]:
 
 def _parse_range(doc: object, where: str, hosts: dict[str, Host], limit: int) -> Range:
     d = _obj(doc, where)
-    lo, hi = _pair(d.get("range"), f"{where}.range")
+    lo, hi = _pair(d.get("range", MISSING), f"{where}.range")
     if hi > limit:
         raise _fail(f"{where}.range [{lo}, {hi}] goes past {limit}")
     names = []
@@ -266,52 +275,62 @@ def _parse_open(doc: object, shards: list[Range]) -> tuple[list[tuple[int, int]]
                 raise _fail(f"{where} weight {weight} out of range 1..1000000")
             item = item[:2]
         lo, hi = _pair(item, where)
-        if not _covered(lo, hi, shards):
-            raise _fail(f"{where} [{lo}, {hi}] is not backed by shards in 'shards'")
+        gap = _gap(lo, hi, shards)
+        if gap is not None:
+            raise _fail(f"{where} [{lo}, {hi}] is not backed by shards in 'shards' "
+                        f"(shard {_span(gap)} is in no range)")
         out.append((lo, hi))
         weights.append(hi - lo + 1 if weight is None else weight)
     return out, weights
 
 
-def _covered(lo: int, hi: int, ranges: list[Range]) -> bool:
+def _gap(lo: int, hi: int, ranges: list[Range]) -> tuple[int, int] | None:
+    """The first run ``[a, b]`` of ``lo..hi`` that no range covers, or ``None``."""
     need = lo
     for r in sorted(ranges, key=lambda r: r.lo):
-        if r.lo <= need <= r.hi:
-            need = r.hi + 1
-            if need > hi:
-                return True
-    return False
+        if r.lo > need:
+            return need, min(r.lo - 1, hi)
+        need = max(need, r.hi + 1)
+        if need > hi:
+            return None
+    return need, hi
+
+
+def _span(gap: tuple[int, int]) -> str:
+    return str(gap[0]) if gap[0] == gap[1] else f"{gap[0]}..{gap[1]}"
 
 
 def _parse_mod(doc: object, hosts: dict[str, Host]) -> tuple[int, list[Range]]:
     d = _obj(doc, "mod")
-    buckets = _int(d.get("buckets"), "mod.buckets")
+    buckets = _int(d.get("buckets", MISSING), "mod.buckets")
     if not 1 <= buckets <= 1 << 20:
         raise _fail(f"mod.buckets {buckets} out of range 1..{1 << 20}")
     items = [(f"mod.ranges[{i}]", _parse_range(x, f"mod.ranges[{i}]", hosts, buckets - 1))
-             for i, x in enumerate(_list(d.get("ranges"), "mod.ranges"))]
+             for i, x in enumerate(_list(d.get("ranges", MISSING), "mod.ranges"))]
     _check_overlaps(items, "mod buckets")
     ranges = [r for _, r in items]
-    if not _covered(0, buckets - 1, ranges):
-        raise _fail(f"mod.ranges do not cover every bucket 0..{buckets - 1}")
+    gap = _gap(0, buckets - 1, ranges)
+    if gap is not None:
+        raise _fail(f"mod.ranges do not cover every bucket 0..{buckets - 1}: bucket "
+                    f"{_span(gap)} is in no range")
     return buckets, ranges
 
 
 def _parse(doc: object) -> ShardMap:
     d = _obj(doc, "the document")
-    version = _int(d.get("version"), "version")
-    hosts_doc = _obj(d.get("hosts"), "hosts")
+    version = _int(d.get("version", MISSING), "version")
+    hosts_doc = _obj(d.get("hosts", MISSING), "hosts")
     if not hosts_doc:
         raise _fail("hosts is empty")
     hosts = {name: _parse_host(name, h) for name, h in hosts_doc.items()}
     items = [(f"shards[{i}]", _parse_range(x, f"shards[{i}]", hosts, MAX_SHARD))
-             for i, x in enumerate(_list(d.get("shards"), "shards"))]
+             for i, x in enumerate(_list(d.get("shards", MISSING), "shards"))]
     if not items:
         raise _fail("shards is empty")
     _check_overlaps(items, "shards")
     shards = [r for _, r in items]
     open_ranges, weights = _parse_open(d.get("open", []), shards)
-    buckets, mod = _parse_mod(d.get("mod"), hosts)
+    buckets, mod = _parse_mod(d.get("mod", MISSING), hosts)
     gone = _list(d.get("gone", []), "gone")
     for i, name in enumerate(gone):
         if not isinstance(name, str) or name not in hosts:
