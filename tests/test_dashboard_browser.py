@@ -104,8 +104,12 @@ def test_progress_moves_live_then_pause_is_confirmed(rt, env, browser, tmp_path)
             assert (tmp_path / "exports/pins/dt=2026-11-20/_SUCCESS").exists()
             assert browser.execute_script("return window.notReloaded === true;")
             browser.save_screenshot(str(artifacts() / "dashboard.png"))
-            until(lambda: click(browser, f'tr.run[data-run="{run_id}"] button.act-pause'),
-                  what="the pause button")
+            # clicked until the confirm step shows: a click can land on a button the live
+            # part replaces at that instant (it then does nothing), or be followed by a read
+            # of the page before the browser navigated (confirming is a GET: safe to repeat)
+            pause = f'tr.run[data-run="{run_id}"] button.act-pause'
+            until(lambda: text_of(browser, "what") or (click(browser, pause) and None),
+                  what="the confirm step after clicking pause")
             assert run_id in browser.find_element(By.ID, "what").text  # the confirm step
             assert rt.ledger.run(run_id)["paused"] is False
             browser.find_element(By.ID, "token").send_keys(TOKEN)
