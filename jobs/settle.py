@@ -69,7 +69,7 @@ def settle_job(conn: redis.Redis, queue: str, job_id: str) -> bool:
         job = FarmJob.fetch(job_id, connection=conn, serializer=rq_queue(conn, queue).serializer)
     except NoSuchJobError:  # its data expired: nothing left to record
         return accounting.settle(conn, queue, registry, job_id, 0, [])
-    total, items, whole = _records(job, reason_of(job))
+    total, items, whole = _records(job, job.unreadable or reason_of(job))
     if not accounting.settle(conn, queue, registry, job_id, total, items, whole):
         return False
     with suppress(redis.RedisError):
