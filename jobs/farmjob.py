@@ -12,20 +12,25 @@ Whatever is written into a job's hash must not crash the process that reads it: 
 rq cannot restore (a bad status, date, number, no payload) is restored from its readable
 fields and marked ``unreadable`` (kept in the hash as ``farm_unreadable`` by every later
 save), so every path that meets it (a worker, rq's registry cleanup, the scheduler step,
-settling) refuses it like a foreign job instead of raising.
+settling) refuses it like a foreign job instead of raising. A job key that is not a hash
+at all holds nothing to run or record: it is taken for no job (a warning), as rq takes a
+missing one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from rq.exceptions import DeserializationError
+import redis
+from rq.exceptions import DeserializationError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.utils import decode_redis_hash
 
 from jobs.policy import ENTRY_POINT, ForbiddenJobError, JobPolicy
 
+log = logging.getLogger(__name__)
 MAX_REASON = 300
 UNREADABLE_FIELD = "farm_unreadable"
 
@@ -80,6 +85,35 @@ class FarmJob(Job):
             self._restore_readable(obj)
         if marker := obj.get(UNREADABLE_FIELD):  # the first reason found, kept by a save
             self.unreadable = _text(marker)[:MAX_REASON]
+
+    def refresh(self) -> None:
+        """rq's refresh; a job key that is not a hash is ``NoSuchJobError``, not a crash."""
+        try:
+            super().refresh()
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            log.warning("%s is not an rq job hash: taken for no job", self.key)
+            raise NoSuchJobError(f"{self.key} is not a job hash") from None
+
+    @classmethod
+    def fetch_many(cls, job_ids: Iterable[str], connection: redis.Redis,
+                   serializer: Any = None) -> list[FarmJob | None]:
+        """rq's fetch_many (one round trip); if a key is not a hash, one by one, that one
+        ``None`` like a missing job."""
+        job_ids = list(job_ids)
+        try:
+            return super().fetch_many(job_ids, connection=connection, serializer=serializer)
+        except redis.ResponseError:
+            return [cls._fetch_or_none(i, connection, serializer) for i in job_ids]
+
+    @classmethod
+    def _fetch_or_none(cls, job_id: str, connection: redis.Redis,
+                       serializer: Any) -> FarmJob | None:
+        try:
+            return cls.fetch(job_id, connection=connection, serializer=serializer)
+        except NoSuchJobError:
+            return None
 
     def _restore_readable(self, obj: dict) -> None:
         base = {"data": obj.get("data", b"")}

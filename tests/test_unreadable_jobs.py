@@ -70,6 +70,20 @@ def test_a_worker_refuses_a_job_whose_hash_rq_cannot_restore(env, conn, field, v
     assert "Traceback" not in out and "unhandled exception" not in out, out
 
 
+@pytest.mark.slow
+def test_a_job_key_that_is_not_a_hash_is_no_job_not_a_crash(env, conn):
+    bad = _enqueue(conn, "bad", 1)
+    conn.delete(f"rq:job:{bad}")
+    conn.set(f"rq:job:{bad}", "not a hash")
+    _enqueue(conn, "good", 2)
+    proc = start_workers(env, 1, "--burst")
+    proc.wait(timeout=60)
+    out = stop(proc)
+    assert proc.returncode == 0 and conn.llen("rq:queue:farm") == 0, out
+    assert conn.hgetall("test:record") == {b"good": b"2"}
+    assert "is not an rq job hash" in out and "Traceback" not in out, out
+
+
 def _housekeeping(rt) -> None:
     """One due round of the queue's housekeeping (the ledger's is left to other tests)."""
     rt.redis.delete(keys.leader("maintenance:queue:farm"))
@@ -90,8 +104,9 @@ def _failed_for_good(conn: redis.Redis, key: str) -> str:
 
 
 def _scene(conn: redis.Redis) -> dict[str, str]:
-    """A due delayed item, a failed job to settle, and unreadable jobs in the scheduled
-    registry (due) and the started one (expired: their worker is gone)."""
+    """A due delayed item, a failed job to settle, unreadable jobs in the scheduled
+    registry (due) and the started one (expired: their worker is gone), and a key that is
+    not a job hash in each registry."""
     q = rq_queue(conn, "farm")
     jobs = {name: enqueue_later(conn, "farm", "tests.kinds.record",
                                 [[name, {"key": name, "value": 3}]], delay=60)
@@ -105,6 +120,10 @@ def _scene(conn: redis.Redis) -> dict[str, str]:
     conn.zadd(StartedJobRegistry("farm", connection=conn).key,
               {f"{jobs['wip_bad']}:x": time.time() - 60})
     jobs["failed"] = _failed_for_good(conn, "failed")
+    conn.set("rq:job:notahash", "x")  # a key that is not a job hash, in every registry
+    conn.zadd(q.scheduled_job_registry.key, {"notahash": 0})
+    conn.zadd(q.started_job_registry.key, {"notahash:x": time.time() - 60})
+    conn.zadd(q.failed_job_registry.key, {"notahash": time.time() + 60})
     return jobs
 
 
