@@ -11,6 +11,8 @@ import pytest
 import redis
 from rq import Worker
 
+from dashboard import actions
+from dashboard.app import create_app
 from farmcore import keys
 from tests.conftest import run_farm
 from tests.farmkit import children, output, start_workers, stop, until
@@ -88,3 +90,10 @@ def test_workers_started_on_a_garbage_scale_value_run_their_count_and_say_so_onc
         out = stop(proc)
     said = [line for line in out.splitlines() if "ignoring farm:scale:*" in line]
     assert len(said) == 2 and "Traceback" not in out, out
+
+
+def test_the_dashboard_scale_form_offers_the_shared_bound(rt, monkeypatch):
+    monkeypatch.setattr(actions, "MAX_WORKERS", 7)  # the bound is read from one place
+    app = create_app(rt, actions.Guard(allow=True, token="t" * 32))
+    page = app.test_client().get("/").get_data(as_text=True)
+    assert 'name="count" min="0" max="7"' in page
