@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from jobs import recovery, runs
 from jobs.runtime import Runtime
 from shardfarm.errors import UsageError
-from workers.supervisor import write_desired
+from workers.supervisor import MAX_WORKERS, write_desired
 
 ACTIONS = {"pause": "Pause run", "unpause": "Unpause run",
            "retry-failed": "Retry the failed chunks of run", "scale": "Scale workers"}
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 RUN = re.compile(r"[A-Za-z0-9._:-]{1,40}")
-MAX_WORKERS = 1000
 
 
 class ActionRefused(Exception):

@@ -45,7 +45,8 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
         threading.Thread(target=_warm, args=(reader,), daemon=True).start()
     registry = metrics.registry(reader, calendar)
     app.jinja_env.filters.update(num=_num, dur=chart.duration, pct=_pct)
-    app.jinja_env.globals.update(svg=chart.svg, actions_on=guard.allow, refresh_ms=REFRESH_MS)
+    app.jinja_env.globals.update(svg=chart.svg, actions_on=guard.allow, refresh_ms=REFRESH_MS,
+                                 max_workers=actions.MAX_WORKERS)
 
     def board_context() -> dict:
         limit = min(max(request.args.get("limit", 50, type=int) or 50, 1), MAX_LIMIT)

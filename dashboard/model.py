@@ -13,9 +13,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from rq import Worker
-from rq.serializers import JSONSerializer
-
 from dashboard import chart
 from farmcore import keys
 from farmcore.progress import RunProgress, read_progress
@@ -155,9 +152,10 @@ class Reader:
         (the chunk it holds a lease on, else its rq job)."""
         doing = self._leases([c.row["run_id"] for c in active])
         hosts: dict[str, dict] = defaultdict(lambda: {"desired": None, "workers": []})
-        for host, summary in status.workers_view(self.rt).items():
+        workers, _ = status.read_workers(self.rt.redis)  # a forged entry is skipped
+        for host, summary in status.workers_view(self.rt, workers).items():
             hosts[host]["desired"] = summary["desired"]
-        for w in Worker.all(connection=self.rt.redis, serializer=JSONSerializer):
+        for w in workers:
             host = status.host_of(w)
             pid = w.name.split(":")[1] if w.name.count(":") == 2 else str(w.pid)
             job, state = w.get_current_job_id(), w.get_state()

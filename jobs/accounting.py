@@ -96,15 +96,17 @@ return new - cur
 
 # KEYS: rq failed registry, progress, counter, failed items, rq job.
 # ARGV: job id, items the job counts, n item records, (dedup bucket, id, record) per item in
-# order, then (id, record) pairs always written.
+# order, then (id, record) pairs always written. The job is marked done only if its hash
+# exists (a job gone, or a key that is not a hash, is left as it is).
 _SETTLE = Script(None, b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 local total = tonumber(ARGV[2])
 local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
-if redis.call('HEXISTS', KEYS[5], 'farm_done') == 1 then cur = total end
+local job = redis.call('TYPE', KEYS[5]).ok == 'hash'
+if job and redis.call('HEXISTS', KEYS[5], 'farm_done') == 1 then cur = total end
 if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[5], 'farm_done', 1)
+if job then redis.call('HSET', KEYS[5], 'farm_done', 1) end
 local n = tonumber(ARGV[3])
 for i = cur + 1, n do
   local bucket, id = ARGV[1 + 3 * i], ARGV[2 + 3 * i]

@@ -6,8 +6,8 @@ attempt, a payload that is not JSON, a job the workers refused. ``settle``
 takes each such job out of rq's registry exactly once and records what it
 carried: every unfinished item of a farm batch (with its arguments, so
 ``farm retry-failed`` can run it again), or the foreign job itself. The worker
-settles the job it just failed; the supervisors' housekeeping sweeps the rest
-(jobs of workers that died).
+settles the job it just failed; the supervisors' housekeeping settles the rest
+(jobs of workers that died, jobs it refused), one by one (``workers.maintenance``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def settle_job(conn: redis.Redis, queue: str, job_id: str) -> bool:
         job = FarmJob.fetch(job_id, connection=conn, serializer=rq_queue(conn, queue).serializer)
     except NoSuchJobError:  # its data expired: nothing left to record
         return accounting.settle(conn, queue, registry, job_id, 0, [])
-    total, items, whole = _records(job, reason_of(job))
+    total, items, whole = _records(job, job.unreadable or reason_of(job))
     if not accounting.settle(conn, queue, registry, job_id, total, items, whole):
         return False
     with suppress(redis.RedisError):
@@ -77,12 +77,6 @@ def settle_job(conn: redis.Redis, queue: str, job_id: str) -> bool:
     log.warning("job %s of queue %s failed for good: %d item(s) recorded in 'farm failed'",
                 job_id, queue, max(total, len(whole)))
     return True
-
-
-def sweep(conn: redis.Redis, queue: str) -> int:
-    """Settle every job in ``queue``'s failed registry; returns how many this call settled."""
-    ids = rq_queue(conn, queue).failed_job_registry.get_job_ids()
-    return sum(settle_job(conn, queue, job_id) for job_id in ids)
 
 
 def retry_failed(conn: redis.Redis, queue: str, policy: JobPolicy) -> tuple[int, list[str]]:

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import defaultdict
 
+import redis
 from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
@@ -61,10 +62,29 @@ def run_view(rt: Runtime, run_id: str) -> dict:
             "progress": read_progress(rt.ledger, run_id).as_dict()}
 
 
-def workers_view(rt: Runtime) -> dict:
-    """Workers alive per host (rq's worker registry) and supervisors' desired counts."""
+def read_workers(conn: redis.Redis) -> tuple[list[Worker], int]:
+    """rq's registry of workers, each entry read on its own: returns the workers and how many
+    entries could not be read (whatever was written into Redis: skipped, never an error)."""
+    found: list[Worker] = []
+    unreadable = 0
+    for key in sorted(conn.smembers(Worker.redis_workers_keys)):
+        try:
+            worker = Worker.find_by_key(key.decode(), connection=conn, serializer=JSONSerializer)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception:  # noqa: BLE001 - a forged entry is counted, not a crash
+            unreadable += 1
+            continue
+        if worker is not None:  # None: its hash expired (rq drops the entry)
+            found.append(worker)
+    return found, unreadable
+
+
+def workers_view(rt: Runtime, workers: list[Worker] | None = None) -> dict:
+    """Workers alive per host (rq's worker registry, or ``workers`` read from it) and
+    supervisors' desired counts."""
     per_host: dict[str, dict] = defaultdict(lambda: {"workers": 0, "busy": 0, "desired": None})
-    for w in Worker.all(connection=rt.redis, serializer=JSONSerializer):
+    for w in read_workers(rt.redis)[0] if workers is None else workers:
         h = per_host[host_of(w)]
         h["workers"] += 1
         h["busy"] += w.get_state() == "busy"
@@ -94,8 +114,12 @@ def queues_view(rt: Runtime) -> dict:
 def farm_view(rt: Runtime, run_id: str | None = None, limit: int = 5) -> dict:
     """Everything ``farm status`` shows."""
     run_ids = [run_id] if run_id else rt.ledger.runs(limit=limit)
-    return {"runs": [run_view(rt, r) for r in run_ids], "workers": workers_view(rt),
+    workers, unreadable = read_workers(rt.redis)
+    view = {"runs": [run_view(rt, r) for r in run_ids], "workers": workers_view(rt, workers),
             "queues": queues_view(rt), "ledger": ledger_size.size(rt.ledger.pool)}
+    if unreadable:
+        view["unreadable_workers"] = unreadable
+    return view
 
 
 def queue_names(rt: Runtime) -> list[str]:

@@ -9,11 +9,11 @@ import click
 from jobs.policy import JobPolicy
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, emit, farm_options
-from workers.supervisor import Supervisor, write_desired
+from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
 
 
 @click.command("workers")
-@click.option("--count", default=2, show_default=True, type=click.IntRange(0, 1000),
+@click.option("--count", default=2, show_default=True, type=click.IntRange(0, MAX_WORKERS),
               help="Worker processes on this machine.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.option("--queues", default="farm", show_default=True, help="Comma-separated queues.")
@@ -41,7 +41,7 @@ def workers(app: App, count: int, burst: bool, queues: str, metrics_port: int | 
 
 
 @click.command("scale")
-@click.argument("count", type=click.IntRange(0, 1000), required=False)
+@click.argument("count", type=click.IntRange(0, MAX_WORKERS), required=False)
 @click.option("--host", default=None, help="Only the supervisor on this host (default: all).")
 @click.option("--clear", is_flag=True, help="Remove the target: supervisors keep their count.")
 @farm_options

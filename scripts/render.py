@@ -35,6 +35,8 @@ def status_lines(view: dict) -> list[str]:
     workers = ", ".join(f"{h}: {w['workers']} alive, {w['busy']} busy"
                         + (f", desired {w['desired']}" if w["desired"] is not None else "")
                         for h, w in sorted(view["workers"].items())) or "none"
+    if view.get("unreadable_workers"):
+        workers += f" ({view['unreadable_workers']} unreadable entries of rq's worker registry)"
     lines.append(f"workers: {workers}")
     queues = ", ".join(f"{n}: {q['jobs']} jobs / {q['items']} items, {q['scheduled']} scheduled, "
                        f"{q['failed_jobs'] + q['failed_items']} failed"

@@ -13,6 +13,11 @@ are never moved, and no callback a job names is ever imported.
 - the ledger: chunks whose lease expired go back to ``pending`` (paused runs too),
   and every ``REDISPATCH_SECONDS`` each pending chunk of a running, unpaused run
   that has no live job gets one (at most one job per chunk in Redis).
+
+Whatever is written into Redis: a job whose hash is unreadable (``jobs.farmjob``) is
+refused on every path, a job a step cannot handle is a warning while the step goes on
+with the others, and a step that fails does not stop the scope's later steps (unless a
+server is unreachable or not set up: they would meet the same trouble).
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ import time
 from collections.abc import Callable
 
 import redis
+from redis.client import Pipeline
 from rq import Queue
+from rq.job_lifecycle import record_job_failure
 from rq.registry import clean_registries
 
 from farmcore import keys
 from jobs import settle
 from jobs.dispatch import dispatch_lost
+from jobs.farmjob import FarmJob
+from jobs.policy import ForbiddenJobError
 from jobs.queue import rq_queue
 from jobs.runtime import Runtime
 from shardfarm.errors import FarmError
@@ -36,6 +45,7 @@ log = logging.getLogger(__name__)
 LOCK_SECONDS = 4
 REDISPATCH_SECONDS = 30
 REPEAT_SECONDS = 60.0
+MAX_TOPICS = 1000
 NOT_SET_UP = frozenset({1049, 1146})  # unknown database, unknown table
 _said: dict[str, tuple[str, float]] = {}
 
@@ -46,20 +56,61 @@ def promote_scheduled(conn: redis.Redis, queue: Queue) -> int:
     rq's own scheduler does the same, but as a separate process with its own locks and
     rq's base ``Job`` class; here it is one housekeeping step through the farm's job
     class, with rq's public ``Queue.enqueue_job`` (farm jobs never have dependencies,
-    so it enqueues at once, inside the one pipeline).
+    so it enqueues at once). Each job moves in its own transaction (one round trip a due
+    job): one that cannot be enqueued (an unreadable hash, a field rq refuses) is failed
+    instead, with the reason, and settled into ``farm failed`` by the step that follows.
     """
     registry = queue.scheduled_job_registry
     ids = registry.get_jobs_to_schedule()
     if not ids:
         return 0
-    jobs = queue.job_class.fetch_many(ids, connection=conn, serializer=queue.serializer)
-    with conn.pipeline() as pipe:
-        for job_id, job in zip(ids, jobs, strict=True):
-            if job is not None:
-                queue.enqueue_job(job, pipeline=pipe, at_front=job.should_enqueue_at_front())
-            registry.remove(job_id, pipeline=pipe)
+    jobs = dict(zip(ids, queue.job_class.fetch_many(ids, connection=conn,
+                                                   serializer=queue.serializer), strict=True))
+    return _each("promote", queue.name, ids, lambda job_id: _promote(queue, job_id, jobs[job_id]))
+
+
+def _promote(queue: Queue, job_id: str, job: FarmJob | None) -> bool:
+    with queue.connection.pipeline() as pipe:
+        if job is not None:
+            _enqueue_or_fail(queue, job, pipe)
+        queue.scheduled_job_registry.remove(job_id, pipeline=pipe)
         pipe.execute()
-    return len(ids)
+    return True
+
+
+def _enqueue_or_fail(queue: Queue, job: FarmJob, pipe: Pipeline) -> None:
+    try:
+        if job.unreadable:
+            raise ForbiddenJobError(job.unreadable)
+        queue.enqueue_job(job, pipeline=pipe, at_front=job.should_enqueue_at_front())
+    except Exception as exc:  # noqa: BLE001 - whatever was written into the job's hash
+        pipe.reset()
+        log.error("refusing scheduled job %s of queue %s: %s", job.id, queue.name, exc)
+        job.retries_left = 0
+        record_job_failure(job, f"{type(exc).__name__}: {exc}", pipe)
+
+
+def settle_failed(conn: redis.Redis, queue: str) -> int:
+    """Settle every job of ``queue``'s failed registry into ``farm failed``; returns how many
+    this call settled."""
+    ids = rq_queue(conn, queue).failed_job_registry.get_job_ids()
+    return _each("settle", queue, ids, lambda job_id: settle.settle_job(conn, queue, job_id))
+
+
+def _each(what: str, queue: str, ids: list[str], step: Callable[[str], bool]) -> int:
+    """``step`` for each job of ``ids``; returns for how many it did something. A job it fails
+    on (whatever was written into Redis) is a warning a minute while the others go on; a
+    lost connection stops the round."""
+    n = 0
+    for job_id in ids:
+        try:
+            n += step(job_id)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
+            say(f"{what}:{queue}:{job_id}", f"housekeeping cannot {what} job {job_id} of "
+                f"queue {queue}: {type(exc).__name__}: {str(exc)[:200]}")
+    return n
 
 
 def expire_leases(rt: Runtime) -> int:
@@ -94,7 +145,7 @@ def _redispatch_due(rt: Runtime, owner: str) -> int:
 def _queue_steps(rt: Runtime, name: str) -> list[Callable[[], object]]:
     q = rq_queue(rt.redis, name)
     return [lambda: clean_registries(q), lambda: promote_scheduled(rt.redis, q),
-            lambda: settle.sweep(rt.redis, name)]
+            lambda: settle_failed(rt.redis, name)]
 
 
 def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:
@@ -110,31 +161,38 @@ def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:
         did = True
         for i, step in enumerate(steps):
             if not _guarded(f"{scope}#{i}", step):
-                break  # the scope's later steps would meet the same trouble
+                break  # servers unreachable or not set up: the later steps would be too
     return did
 
 
 def _guarded(scope: str, step: Callable[[], object]) -> bool:
     """Run a step; an operator-fixable error is one log line (repeated once a minute while it
-    lasts), anything else a traceback. Returns whether the step succeeded."""
+    lasts), anything else a traceback. Returns whether the scope's later steps may run: not
+    when a server is unreachable or not set up, but after any other failure (a bad entry one
+    step cannot handle must not stop the others: failed jobs still settle, due jobs move)."""
     try:
         step()
     except FarmError as exc:
         hint = " (run 'farm shards init')" if getattr(exc, "code", None) in NOT_SET_UP else ""
         say(scope, f"housekeeping waits{hint}: {exc}")
-    except redis.RedisError as exc:
+        return False
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
         say(scope, f"housekeeping waits: Redis: {exc}")
+        return False
+    except redis.RedisError as exc:
+        say(scope, f"housekeeping step {scope} failed: Redis: {exc}")
     except Exception:
         log.exception("housekeeping step of %s failed", scope)
     else:
         _said.pop(scope, None)
-        return True
-    return False
+    return True
 
 
 def say(topic: str, message: str) -> None:
     """Log ``message`` as one warning, unless the same was said about ``topic`` within a
     minute."""
+    if len(_said) > MAX_TOPICS:  # per-job topics: bounded, whatever is written into Redis
+        _said.clear()
     last = _said.get(topic)
     if last and last[0] == message and time.monotonic() - last[1] < REPEAT_SECONDS:
         return

@@ -17,9 +17,8 @@ from collections.abc import Iterable
 
 import redis
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from rq import Worker
-from rq.serializers import JSONSerializer
 
+from jobs.status import read_workers
 from shardfarm.errors import ConfigError
 
 ENV_KEY = "FARM_METRICS_KEY"
@@ -78,7 +77,7 @@ class SupervisorMetrics:
         """Workers of this supervisor by state, from rq's registry of workers."""
         mine = set(pids)
         states: dict[str, int] = {"busy": 0, "idle": 0}
-        for w in Worker.all(connection=conn, serializer=JSONSerializer):
+        for w in read_workers(conn)[0]:
             if w.pid in mine:
                 state = w.get_state()
                 state = str(getattr(state, "value", state))

@@ -36,14 +36,40 @@ TICK = 0.5
 MAINTENANCE_EVERY = 3.0
 COLD_GRACE = 3.0
 OBSERVE_EVERY = 2.0
+MAX_WORKERS = 1000  # per supervisor: 'farm workers --count', 'farm scale', the dashboard's scale
+_refused: dict[str, bytes] = {}  # scale keys whose value was ignored (warned once)
 
 
 def read_desired(conn: redis.Redis, host: str) -> int | None:
-    """The desired worker count for ``host`` (host-specific beats farm-wide), if one is set."""
-    for value in conn.mget(keys.desired_workers(host), keys.desired_workers(None)):
-        if value is not None:
-            return max(0, int(value))
+    """The desired worker count for ``host`` (host-specific beats farm-wide), if one is set.
+
+    A value that is not an integer from 0 to ``MAX_WORKERS`` (whatever was written into Redis)
+    is ignored, with one warning while it stays: ``None``, the supervisor keeps its count."""
+    names = (keys.desired_workers(host), keys.desired_workers(None))
+    for name, value in zip(names, conn.mget(*names), strict=True):
+        if value is None:
+            _refused.pop(name, None)
+            continue
+        count = parse_desired(value)
+        if count is not None:
+            _refused.pop(name, None)
+        elif _refused.get(name) != value:
+            _refused[name] = value
+            log.warning("ignoring %s = %r: not a worker count from 0 to %d (the count stays; "
+                        "'farm scale N' sets one)", name, value[:40].decode(errors="replace"),
+                        MAX_WORKERS)
+        return count
     return None
+
+
+def parse_desired(value: bytes | str) -> int | None:
+    """A desired worker count as stored in Redis; ``None`` unless an integer from 0 to
+    ``MAX_WORKERS``."""
+    try:
+        count = int(value)
+    except ValueError:
+        return None
+    return count if 0 <= count <= MAX_WORKERS else None
 
 
 def write_desired(conn: redis.Redis, count: int | None, host: str | None = None) -> None:
@@ -97,7 +123,7 @@ class Supervisor:
         signal.signal(signal.SIGUSR2, lambda *_: self._adjust(-1))
 
     def _adjust(self, delta: int) -> None:
-        self.desired = max(0, self.desired + delta)
+        self.desired = min(MAX_WORKERS, max(0, self.desired + delta))
         log.info("desired workers now %d (signal)", self.desired)
 
     def _on_stop(self, signum: int, _frame: object) -> None:

@@ -1,0 +1,100 @@
+"""Entries of rq's worker registry that anyone can forge in Redis: `farm status`, the
+dashboard (page and `/metrics`) and a supervisor's metrics skip them (status counts them),
+and still show the real workers."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+import redis
+from rq import Worker
+from rq.serializers import JSONSerializer
+
+from dashboard.actions import Guard
+from dashboard.app import create_app
+from jobs import status
+from tests.conftest import run_farm
+from workers.metrics import SupervisorMetrics
+
+REAL = f"{socket.gethostname()}:4242:abcdef"
+HOST = socket.gethostname()
+
+
+@pytest.fixture
+def env(farm_env, ledger):
+    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
+    yield dict(farm_env)
+    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
+
+
+FORGED = {"rq:worker:evil": {"birth": "garbage"},
+          "rq:worker:evil-beat": {"last_heartbeat": "garbage", "state": "busy"},
+          "rq:worker:evil-pid": {"pid": "abc"},
+          b"rq:worker:\xff": {"birth": "2024-01-01T00:00:00Z"},  # a name that is not text
+          "rq:worker:evil-string": "not a hash",
+          "evil-no-prefix": {"birth": "2024-01-01T00:00:00Z"}}
+
+
+def forge(conn: redis.Redis, key: str | bytes) -> None:
+    """Add ``key`` to rq's registry of workers, written as ``FORGED`` says."""
+    value = FORGED[key]
+    if isinstance(value, dict):
+        conn.hset(key, mapping=value)
+    else:
+        conn.set(key, value)
+    conn.sadd("rq:workers", key)
+
+
+@pytest.fixture
+def conn(env):
+    """Redis with the entry of one real (idle) worker."""
+    c = redis.Redis.from_url(env["FARM_REDIS_URL"])
+    real = Worker(["farm"], connection=c, name=REAL, serializer=JSONSerializer)
+    real.register_birth()
+    real.set_state("idle")
+    return c
+
+
+@pytest.mark.parametrize("key", list(FORGED))
+def test_each_forged_worker_entry_is_skipped(rt, conn, key):
+    forge(conn, key)
+    view = status.workers_view(rt)
+    assert list(view) == [HOST] and view[HOST]["workers"] == 1
+
+
+UNREADABLE = len(FORGED)
+
+
+def test_farm_status_skips_and_counts_forged_worker_entries(env, conn):
+    for key in FORGED:
+        forge(conn, key)
+    out = run_farm(env, "status")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    line = next(x for x in out.stdout.splitlines() if x.startswith("workers:"))
+    assert f"{HOST}: 1 alive" in line and f"{UNREADABLE} unreadable" in line
+    out = run_farm(env, "status", "--json")
+    assert out.returncode == 0, out.stderr
+    view = json.loads(out.stdout)
+    assert view["unreadable_workers"] == UNREADABLE and list(view["workers"]) == [HOST]
+
+
+def test_dashboard_page_and_metrics_answer_despite_forged_worker_entries(rt, conn):
+    for key in FORGED:
+        forge(conn, key)
+    client = create_app(rt, Guard(allow=False)).test_client()
+    page = client.get("/")
+    assert page.status_code == 200 and REAL in page.get_data(as_text=True)
+    scraped = client.get("/metrics")
+    assert scraped.status_code == 200
+    assert f'shardfarm_workers{{host="{HOST}",state="idle"}} 1.0' in scraped.get_data(as_text=True)
+
+
+def test_supervisor_metrics_skip_forged_worker_entries(conn):
+    for key in FORGED:
+        forge(conn, key)
+    metrics = SupervisorMetrics(HOST, "farm:timings:test")
+    metrics.observe_workers(conn, [4242], desired=1)
+    assert metrics.registry.get_sample_value(
+        "shardfarm_supervisor_workers", {"host": HOST, "state": "alive"}) == 1
