@@ -12,6 +12,7 @@ from scripts.app import App
 from scripts.follow import finish
 from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import note
+from shardfarm import tuning
 from workers import cron as scheduler
 from workers import launch
 
@@ -56,10 +57,9 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
 
 
 @click.command("cron")
-@click.option("--at", "at", default=scheduler.DEFAULT_AT, show_default=True,
-              envvar="FARM_EXPORT_CRON", metavar="CRON",
+@click.option("--at", "at", default=None, metavar="CRON",
               help="When to export the previous UTC day: 5 cron fields, UTC. "
-                   "[env: FARM_EXPORT_CRON]")
+                   f"[env: FARM_EXPORT_CRON; default: {scheduler.DEFAULT_AT}]")
 @click.option("--once", is_flag=True, help="One round (take the lease, fire what is due), exit.")
 @click.option("--name", default="export", show_default=True,
               help="The schedule entry's name (its state and leader lease).")
@@ -68,8 +68,8 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
 @_FROM
 @_FORMAT
 @farm_options
-def cron(app: App, at: str, once: bool, name: str, dest: str | None, tables: str | None,
-         role: str, fmt: str) -> None:
+def cron(app: App, at: str | None, once: bool, name: str, dest: str | None,
+         tables: str | None, role: str, fmt: str) -> None:
     """Nightly scheduler: start the export of the previous UTC day at each slot of --at.
 
     Run as many as you like (the Procfile's 'clock'); one leads through a lease
@@ -77,6 +77,7 @@ def cron(app: App, at: str, once: bool, name: str, dest: str | None, tables: str
     while none ran are caught up on start (up to 7, oldest first). Prints one
     JSON line per export started.
     """
+    at = str(tuning.value("FARM_EXPORT_CRON", given=at, flag="--at"))
     export_args = {"dest": dest, "tables": _tables(tables), "from": role, "format": fmt}
     s = launch.cron_scheduler(app.runtime, name, at, export_args)
     if once:

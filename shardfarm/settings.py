@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import redis
 
+from shardfarm import tuning
 from shardfarm.errors import ConfigError
 from shardfarm.mysql.dsn import DSN, _redact
 
@@ -22,9 +23,7 @@ DEFAULTS = {
     "FARM_LEGACY_DSN": "mysql://root@127.0.0.1:3306/legacy",
     "FARM_SHARDMAP": "",
     "FARM_EXPORT_URL": "",
-    "FARM_CONNECT_TIMEOUT": "10",
 }
-MAX_CONNECT_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True)
@@ -46,8 +45,10 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: str | None) -> Settings:
-        """Build settings from ``env`` (default ``os.environ``); non-empty overrides win."""
+        """Build settings from ``env`` (default ``os.environ``); non-empty overrides win.
+        Every tuning variable of ``env`` is checked too (``shardfarm.tuning``)."""
         env = os.environ if env is None else env
+        tuning.check_environment(env)
         raw = {k: env.get(k) or v for k, v in DEFAULTS.items()}
         for key, value in overrides.items():
             if value:
@@ -61,7 +62,7 @@ class Settings:
                            if raw["FARM_SHARDMAP"] and not zk else None),
             shardmap_url=zk,
             export_url=_export_url(raw["FARM_EXPORT_URL"]),
-            connect_timeout=_seconds(raw["FARM_CONNECT_TIMEOUT"]),
+            connect_timeout=tuning.connect_timeout(env),
         )
 
     def redis(self) -> redis.Redis:
@@ -90,20 +91,8 @@ class Settings:
 
 def connect_timeout(env: Mapping[str, str] | None = None) -> float:
     """``FARM_CONNECT_TIMEOUT`` (default 10): seconds a command waits for a server to answer
-    before it gives up, in total, retries included."""
-    env = os.environ if env is None else env
-    return _seconds(env.get("FARM_CONNECT_TIMEOUT") or DEFAULTS["FARM_CONNECT_TIMEOUT"])
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= MAX_CONNECT_TIMEOUT:  # also refuses nan
-        raise ConfigError(f"bad FARM_CONNECT_TIMEOUT: {text[:40]!r} (expected seconds, "
-                          f"more than 0 and at most {MAX_CONNECT_TIMEOUT:g})")
-    return value
+    before it gives up, in total, retries included (checked by ``shardfarm.tuning``)."""
+    return tuning.connect_timeout(env)
 
 
 def _redis_url(url: str) -> str:

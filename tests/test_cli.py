@@ -82,7 +82,7 @@ def _usage_error(out, words: str) -> None:
 
 @pytest.mark.slow
 def test_usage_mistakes_exit_2(farm_env, router):
-    _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad cron expression")
+    _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad --at")
     _usage_error(run_farm(farm_env, "cron", "--once", "--tables", "users,nope"),
                  "cannot export nope")
     _usage_error(run_farm(farm_env, "export", "--date", "2026-02-30"), "bad export date")
@@ -100,7 +100,7 @@ def test_usage_mistakes_are_found_before_the_shard_map_is_read(farm_env, tmp_pat
     broken.write_text("{not json")
     env = {**farm_env, "FARM_SHARDMAP": str(broken)}
     _usage_error(run_farm(env, "export", "--date", "2026-02-30"), "bad export date")
-    _usage_error(run_farm(env, "cron", "--at", "bad", "--once"), "bad cron expression")
+    _usage_error(run_farm(env, "cron", "--at", "bad", "--once"), "bad --at")
     _usage_error(run_farm(env, "feeds", "rebuild", "--users", "x"), "not an integer")
     out = run_farm(env, "export", "--date", "2026-02-03")
     assert out.returncode == 1 and "broken.json" in out.stderr, out.stderr  # then the map
