@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 
 from shardfarm import tuning
-from shardfarm.mysql.dsn import _redact as redact
+from shardfarm.redact import redact
 
 FORMAT = "%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s"
 HOST = socket.gethostname()

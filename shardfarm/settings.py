@@ -15,7 +15,8 @@ import redis
 
 from shardfarm import tuning
 from shardfarm.errors import ConfigError
-from shardfarm.mysql.dsn import DSN, _redact
+from shardfarm.mysql.dsn import DSN
+from shardfarm.redact import UNENCODED, authority_problem, redact_url, unencoded_password
 
 DEFAULTS = {
     "FARM_REDIS_URL": "redis://127.0.0.1:6379/0",
@@ -80,7 +81,7 @@ class Settings:
     def describe(self) -> dict[str, str]:
         """A printable summary with every password hidden."""
         return {
-            "redis": _redact(self.redis_url),
+            "redis": redact_url(self.redis_url),
             "control": str(self.control_dsn),
             "legacy": str(self.legacy_dsn),
             "shardmap": self.shardmap_spec or "(built-in demo map)",
@@ -101,9 +102,13 @@ def _redis_url(url: str) -> str:
         password = _password_of(url)
         if password:
             why = why.replace(password, "***")
-        return ConfigError(f"bad FARM_REDIS_URL: {_redact(url)} ({why})")
+        why = UNENCODED if unencoded_password(url) else why  # a cause, not a symptom
+        return ConfigError(f"bad FARM_REDIS_URL: {redact_url(url)} ({why})")
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise bad("expected redis://[:password@]host:port/db, rediss://… or unix://path")
+    problem = authority_problem(url)  # urlsplit's own words may quote the password
+    if problem:
+        raise bad(problem)
     try:
         pool = redis.ConnectionPool.from_url(url)
         pool.connection_class(**pool.connection_kwargs)  # unknown options fail here; no I/O
@@ -126,14 +131,22 @@ def _password_of(url: str) -> str:
         return ""
 
 
+def export_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an export destination (``s3://bucket/prefix`` or
+    ``file:///abs/dir``), or ``None``: the one check behind ``FARM_EXPORT_URL``,
+    ``--export-url`` and ``--dest``."""
+    if url.startswith("file://"):
+        return None if url[len("file://"):].startswith("/") else \
+            "file:// needs an absolute path: file:///abs/dir"
+    if url.startswith("s3://") and url[len("s3://"):].partition("/")[0]:
+        return None
+    return "expected s3://bucket/prefix or file:///abs/dir"
+
+
 def _export_url(url: str) -> str:
     if not url:
         return f"file://{Path.cwd() / 'exports'}"
-    if url.startswith("file://"):
-        if not url[len("file://"):].startswith("/"):
-            raise ConfigError(f"bad FARM_EXPORT_URL: {url} (file:// needs an absolute path)")
-        return url
-    if url.startswith("s3://") and len(url) > len("s3://"):
-        return url
-    raise ConfigError(f"bad FARM_EXPORT_URL: {_redact(url)} (expected s3://bucket/prefix "
-                      "or file:///abs/dir)")
+    problem = export_url_problem(url)
+    if problem:
+        raise ConfigError(f"bad FARM_EXPORT_URL: {redact_url(url)} ({problem})")
+    return url
