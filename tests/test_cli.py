@@ -175,3 +175,26 @@ def test_a_folder_named_like_a_farm_package_does_not_stand_in_for_it(farm_env, t
     out = subprocess.run([str(farm), "enqueue", "--help"], env=farm_env,  # puts "." first)
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "Enqueue FUNCTION" in out.stdout, out.stderr
+
+
+NO_RUN = "farm: error: no run 'nosuch-run' (see 'farm status' for the runs there are)"
+
+
+@pytest.mark.parametrize("args", [("failed",), ("failed", "--json"), ("quarantine",),
+                                  ("quarantine", "--json"), ("mismatches",),
+                                  ("mismatches", "--json")])
+def test_a_mistyped_run_is_an_error_not_an_all_clear(farm_env, ledger, args):
+    out = run_farm(farm_env, *args, "--run", "nosuch-run")
+    assert (out.returncode, out.stdout) == (1, ""), (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [NO_RUN]
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
+def test_a_known_run_without_findings_is_still_all_clear(farm_env, ledger):
+    migrate = ledger.create_run("migrate", "none", {}, [])
+    verify = ledger.create_run("verify", "none", {}, [])
+    for args, line in [(("failed", "--run", migrate), "no failures"),
+                       (("quarantine", "--run", migrate), f"0 quarantined in {migrate}: "),
+                       (("mismatches", "--run", verify), f"no mismatches in {verify}")]:
+        out = run_farm(farm_env, *args)
+        assert out.returncode == 0 and out.stdout.splitlines() == [line], out.stderr
