@@ -13,6 +13,9 @@ from scripts.follow import finish
 from scripts.options import AS_JSON, emit, farm_options
 from scripts.render import note
 from shardfarm import tuning
+from shardfarm.errors import UsageError
+from shardfarm.redact import redact_url
+from shardfarm.settings import export_url_problem
 from workers import cron as scheduler
 from workers import launch
 
@@ -21,7 +24,15 @@ def _tables(text: str | None) -> list[str]:
     return [t.strip() for t in (text or "").split(",") if t.strip()]
 
 
-_DEST = click.option("--dest", default=None, metavar="URL",
+def _dest(ctx: click.Context, param: click.Parameter, url: str | None) -> str | None:
+    """``--dest`` checked as ``FARM_EXPORT_URL`` is, but a bad one is a usage mistake."""
+    problem = None if url is None else export_url_problem(url)
+    if problem:
+        raise UsageError(f"bad --dest: {redact_url(url)} ({problem})")
+    return url
+
+
+_DEST = click.option("--dest", default=None, metavar="URL", callback=_dest,
                      help="s3://bucket/prefix or file:///abs/dir (default: FARM_EXPORT_URL).")
 _TABLES = click.option("--tables", default=None, metavar="T,...",
                        help="Only these tables (default: every object and mapping table).")

@@ -11,15 +11,15 @@ from collections.abc import Callable
 import click
 
 from scripts.app import App
-from shardfarm.settings import Settings
+from shardfarm.settings import FLAGS, Settings
 
-SHARED = [
-    ("--redis-url", "FARM_REDIS_URL", "Redis for queues, worker registry and feeds."),
-    ("--control-dsn", "FARM_CONTROL_DSN", "Control database: runs, chunk ledger, quarantine."),
-    ("--legacy-dsn", "FARM_LEGACY_DSN", "Legacy source database."),
-    ("--shardmap", "FARM_SHARDMAP", "Shard map file or zk://host:port/path (default: demo map)."),
-    ("--export-url", "FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
-]
+SHARED = [(FLAGS[env], env, help_) for env, help_ in [
+    ("FARM_REDIS_URL", "Redis for queues, worker registry and feeds."),
+    ("FARM_CONTROL_DSN", "Control database: runs, chunk ledger, quarantine."),
+    ("FARM_LEGACY_DSN", "Legacy source database."),
+    ("FARM_SHARDMAP", "Shard map file or zk://host:port/path (default: demo map)."),
+    ("FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
+]]
 
 
 ALLOW_MODULE = click.option(

@@ -6,18 +6,21 @@ Every ``FARM_*`` variable is overridden by the command-line flag of the same mea
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import redis
 
 from shardfarm import tuning
-from shardfarm.errors import ConfigError
+from shardfarm.errors import ConfigError, UsageError
 from shardfarm.mysql.dsn import DSN
 from shardfarm.redact import UNENCODED, authority_problem, redact_url, unencoded_password
 
+T = TypeVar("T")
 DEFAULTS = {
     "FARM_REDIS_URL": "redis://127.0.0.1:6379/0",
     "FARM_CONTROL_DSN": "mysql://root@127.0.0.1:3306/farm_control",
@@ -25,6 +28,11 @@ DEFAULTS = {
     "FARM_SHARDMAP": "",
     "FARM_EXPORT_URL": "",
 }
+# the command-line flag that overrides each variable: a bad value given there is a usage
+# mistake (exit 2), in the environment a configuration one (exit 1)
+FLAGS = {"FARM_REDIS_URL": "--redis-url", "FARM_CONTROL_DSN": "--control-dsn",
+         "FARM_LEGACY_DSN": "--legacy-dsn", "FARM_SHARDMAP": "--shardmap",
+         "FARM_EXPORT_URL": "--export-url"}
 
 
 @dataclass(frozen=True)
@@ -51,18 +59,20 @@ class Settings:
         env = os.environ if env is None else env
         tuning.check_environment(env)
         raw = {k: env.get(k) or v for k, v in DEFAULTS.items()}
-        for key, value in overrides.items():
-            if value:
-                raw[key] = value
+        flagged = {key for key, value in overrides.items() if value}
+        raw.update({key: overrides[key] for key in flagged})
+
+        def checked(key: str, parse: Callable[[str], T]) -> T:
+            return _checked(key, parse, raw[key], key in flagged)
         zk = raw["FARM_SHARDMAP"] if raw["FARM_SHARDMAP"].startswith("zk://") else ""
         return cls(
-            redis_url=_redis_url(raw["FARM_REDIS_URL"]),
-            control_dsn=DSN.parse(raw["FARM_CONTROL_DSN"], what="FARM_CONTROL_DSN"),
-            legacy_dsn=DSN.parse(raw["FARM_LEGACY_DSN"], what="FARM_LEGACY_DSN"),
+            redis_url=checked("FARM_REDIS_URL", _redis_url),
+            control_dsn=checked("FARM_CONTROL_DSN", partial(DSN.parse, what="FARM_CONTROL_DSN")),
+            legacy_dsn=checked("FARM_LEGACY_DSN", partial(DSN.parse, what="FARM_LEGACY_DSN")),
             shardmap_path=(Path(raw["FARM_SHARDMAP"]).resolve()
                            if raw["FARM_SHARDMAP"] and not zk else None),
             shardmap_url=zk,
-            export_url=_export_url(raw["FARM_EXPORT_URL"]),
+            export_url=checked("FARM_EXPORT_URL", _export_url),
             connect_timeout=tuning.connect_timeout(env),
         )
 
@@ -94,6 +104,16 @@ def connect_timeout(env: Mapping[str, str] | None = None) -> float:
     """``FARM_CONNECT_TIMEOUT`` (default 10): seconds a command waits for a server to answer
     before it gives up, in total, retries included (checked by ``shardfarm.tuning``)."""
     return tuning.connect_timeout(env)
+
+
+def _checked(key: str, parse: Callable[[str], T], text: str, flagged: bool) -> T:
+    """``parse(text)``; a bad value given as a flag is a ``UsageError`` naming the flag."""
+    try:
+        return parse(text)
+    except ConfigError as exc:
+        if not flagged:
+            raise
+        raise UsageError(str(exc).replace(f"bad {key}", f"bad {FLAGS[key]}", 1)) from None
 
 
 def _redis_url(url: str) -> str:

@@ -198,3 +198,37 @@ def test_a_known_run_without_findings_is_still_all_clear(farm_env, ledger):
                        (("mismatches", "--run", verify), f"no mismatches in {verify}")]:
         out = run_farm(farm_env, *args)
         assert out.returncode == 0 and out.stdout.splitlines() == [line], out.stderr
+
+
+@pytest.mark.parametrize("url,why", [
+    ("ftp://x", "expected s3://bucket/prefix or file:///abs/dir"),
+    ("file://relative/dir", "file:// needs an absolute path: file:///abs/dir"),
+    ("s3:///no-bucket", "expected s3://bucket/prefix or file:///abs/dir"),
+    ("ftp://me:topsecret@x/y", "expected s3://bucket/prefix or file:///abs/dir"),
+])
+def test_a_bad_destination_is_usage_as_a_flag_and_config_in_the_environment(farm_env, url,
+                                                                            why):
+    shown = url.replace("topsecret", "***")
+    cases = [
+        (farm_env, ("export", "--date", "2026-11-20", "--dest", url), 2, "--dest"),
+        (farm_env, ("cron", "--once", "--dest", url), 2, "--dest"),
+        (farm_env, ("export", "--date", "2026-11-20", "--export-url", url), 2, "--export-url"),
+        ({**farm_env, "FARM_EXPORT_URL": url}, ("export", "--date", "2026-11-20"), 1,
+         "FARM_EXPORT_URL"),
+    ]
+    for env, args, code, name in cases:
+        out = run_farm(env, *args)
+        assert out.returncode == code, (args, out.returncode, out.stderr)
+        assert out.stderr.splitlines() == [f"farm: error: bad {name}: {shown} ({why})"]
+        assert "topsecret" not in out.stdout + out.stderr
+
+
+def test_a_bad_connection_flag_is_usage_and_the_same_variable_config(farm_env):
+    dsn = "mysql://u:topsecret@h/"
+    flag = run_farm(farm_env, "status", "--control-dsn", dsn)
+    env = run_farm({**farm_env, "FARM_CONTROL_DSN": dsn}, "status")
+    why = "mysql://u:***@h/ (database name missing or invalid)"
+    assert (flag.returncode, flag.stderr) == (2, f"farm: error: bad --control-dsn: {why}\n")
+    assert (env.returncode, env.stderr) == (1, f"farm: error: bad FARM_CONTROL_DSN: {why}\n")
+    out = run_farm(farm_env, "status", "--redis-url", "http://h")
+    assert out.returncode == 2 and out.stderr.startswith("farm: error: bad --redis-url: ")
