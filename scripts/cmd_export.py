@@ -10,7 +10,7 @@ import click
 from exporters import export as exporter
 from scripts.app import App
 from scripts.follow import finish
-from scripts.options import AS_JSON, emit, farm_options
+from scripts.options import AS_JSON, CommaList, emit, farm_options
 from scripts.render import note
 from shardfarm import tuning
 from shardfarm.errors import UsageError
@@ -18,10 +18,6 @@ from shardfarm.redact import redact_url
 from shardfarm.settings import export_url_problem
 from workers import cron as scheduler
 from workers import launch
-
-
-def _tables(text: str | None) -> list[str]:
-    return [t.strip() for t in (text or "").split(",") if t.strip()]
 
 
 def _dest(ctx: click.Context, param: click.Parameter, url: str | None) -> str | None:
@@ -34,7 +30,7 @@ def _dest(ctx: click.Context, param: click.Parameter, url: str | None) -> str | 
 
 _DEST = click.option("--dest", default=None, metavar="URL", callback=_dest,
                      help="s3://bucket/prefix or file:///abs/dir (default: FARM_EXPORT_URL).")
-_TABLES = click.option("--tables", default=None, metavar="T,...",
+_TABLES = click.option("--tables", default=None, metavar="T,...", type=CommaList(),
                        help="Only these tables (default: every object and mapping table).")
 _FROM = click.option("--from", "role", type=click.Choice(exporter.ROLES), default="master",
                      show_default=True, help="Read each shard from its master or its slave.")
@@ -53,7 +49,7 @@ _FORMAT = click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
 @AS_JSON
 @farm_options
-def export(app: App, date: str, dest: str | None, tables: str | None, role: str, fmt: str,
+def export(app: App, date: str, dest: str | None, tables: list[str] | None, role: str, fmt: str,
            force: bool, wait: bool, as_json: bool) -> None:
     """Export every shard of each table to {dest}/{table}/dt={date}/ for Spark.
 
@@ -62,7 +58,7 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
     table's parts are all there, _manifest.json and then _SUCCESS are written.
     Running it again for the same date skips intact parts (unless --force).
     """
-    run_id = launch.export(app.runtime, date, dest, _tables(tables), fmt, role, force,
+    run_id = launch.export(app.runtime, date, dest, tables or [], fmt, role, force,
                            notice=note)
     finish(app, run_id, wait, as_json)
 
@@ -80,7 +76,7 @@ def export(app: App, date: str, dest: str | None, tables: str | None, role: str,
 @_FORMAT
 @farm_options
 def cron(app: App, at: str | None, once: bool, name: str, dest: str | None,
-         tables: str | None, role: str, fmt: str) -> None:
+         tables: list[str] | None, role: str, fmt: str) -> None:
     """Nightly scheduler: start the export of the previous UTC day at each slot of --at.
 
     Run as many as you like (the Procfile's 'clock'); one leads through a lease
@@ -89,7 +85,7 @@ def cron(app: App, at: str | None, once: bool, name: str, dest: str | None,
     JSON line per export started.
     """
     at = str(tuning.value("FARM_EXPORT_CRON", given=at, flag="--at"))
-    export_args = {"dest": dest, "tables": _tables(tables), "from": role, "format": fmt}
+    export_args = {"dest": dest, "tables": tables or [], "from": role, "format": fmt}
     s = launch.cron_scheduler(app.runtime, name, at, export_args)
     if once:
         emit(s.once())

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import click
 
 from scripts.app import App
+from shardfarm.lists import names
 from shardfarm.settings import FLAGS, Settings
 
 SHARED = [(FLAGS[env], env, help_) for env, help_ in [
@@ -22,8 +23,25 @@ SHARED = [(FLAGS[env], env, help_) for env, help_ in [
 ]]
 
 
+class CommaList(click.ParamType):
+    """A comma-separated option value (``--tables a,b``) as a list of names: the one parser
+    of such options, so an empty list (``''``, ``','``) or an empty item (``'a,,b'``) is
+    refused in one line (exit 2) instead of meaning "everything" or "nothing"."""
+
+    name = "list"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[str]:
+        """The list of names; ``UsageError`` naming the option when one is missing."""
+        if isinstance(value, list):
+            return value
+        return names(str(value), param.opts[0] if param else "list")
+
+
 ALLOW_MODULE = click.option(
     "--allow-module", "allow_modules", multiple=True, metavar="PREFIX[,PREFIX]",
+    type=CommaList(), callback=lambda _ctx, _param, groups: tuple(
+        prefix for group in groups for prefix in group),
     help="Module prefixes whose functions workers may run, besides the farm's own; "
          "replaces FARM_JOB_MODULES when given. [env: FARM_JOB_MODULES]")
 

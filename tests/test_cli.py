@@ -232,3 +232,29 @@ def test_a_bad_connection_flag_is_usage_and_the_same_variable_config(farm_env):
     assert (env.returncode, env.stderr) == (1, f"farm: error: bad FARM_CONTROL_DSN: {why}\n")
     out = run_farm(farm_env, "status", "--redis-url", "http://h")
     assert out.returncode == 2 and out.stderr.startswith("farm: error: bad --redis-url: ")
+
+
+@pytest.mark.parametrize("args,flag,value", [
+    (("export", "--date", "2026-11-20"), "--tables", ""),
+    (("export", "--date", "2026-11-20"), "--tables", ","),
+    (("export", "--date", "2026-11-20"), "--tables", " , "),
+    (("cron", "--once"), "--tables", ","),
+    (("workers", "--burst", "--count", "1"), "--queues", ""),
+    (("workers", "--burst", "--count", "1"), "--queues", ","),
+    (("feeds", "rebuild"), "--users", ""),
+    (("workers", "--burst", "--count", "0"), "--allow-module", ""),
+])
+def test_an_empty_list_is_refused_not_taken_for_everything(farm_env, args, flag, value):
+    out = run_farm(farm_env, *args, flag, value, timeout=60)
+    assert (out.returncode, out.stdout) == (2, ""), (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [
+        f"farm: error: bad {flag} {value!r}: the list is empty (leave {flag} out for the "
+        "default)"]
+
+
+def test_an_empty_item_in_a_list_is_refused(farm_env):
+    for args in (("export", "--date", "2026-11-20", "--tables", "users,,pins"),
+                 ("workers", "--burst", "--queues", "farm,")):
+        out = run_farm(farm_env, *args, timeout=60)
+        assert out.returncode == 2 and out.stderr.splitlines() == [
+            f"farm: error: bad {args[-2]} {args[-1]!r}: an empty item between commas"]
