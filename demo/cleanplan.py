@@ -22,7 +22,8 @@ from demo.guard import control_runs, table_rows
 from demo.legacygen.origin import COUNT_CAP, database_rows
 from farmcore import keys
 from jobs.runtime import Runtime
-from shardfarm.mysql.dsn import Host, _redact
+from shardfarm.mysql.dsn import Host
+from shardfarm.redact import redact
 from sharding.schema import mod_db, shard_db
 
 
@@ -81,7 +82,7 @@ def redis_plan(rt: Runtime, runs: list[dict]) -> dict[str, int]:
 def clean_plan(rt: Runtime) -> dict:
     """Everything ``clean_everything`` would remove, as JSON."""
     runs = control_runs(rt) or []
-    return {"databases": database_plan(rt), "redis": {"url": _redact(rt.settings.redis_url),
+    return {"databases": database_plan(rt), "redis": {"url": redact(rt.settings.redis_url),
                                                       "keys": redis_plan(rt, runs)},
             "export_files": remove_demo_exports(runs, dry=True)}
 

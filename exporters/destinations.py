@@ -24,6 +24,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from shardfarm.errors import ConfigError, RetryableError
+from shardfarm.redact import redact_url
+from shardfarm.settings import export_url_problem
 
 log = logging.getLogger(__name__)
 Fence = Callable[[], None]
@@ -135,19 +137,15 @@ class Destination(ABC):
 
 
 def open_destination(url: str) -> Destination:
-    """The destination of ``s3://bucket/prefix`` or ``file:///abs/dir``."""
+    """The destination of ``s3://bucket/prefix`` or ``file:///abs/dir`` (checked as
+    ``FARM_EXPORT_URL`` and ``--dest`` are: ``export_url_problem``)."""
+    problem = export_url_problem(url)
+    if problem:
+        raise ConfigError(f"bad export destination {redact_url(url)} ({problem})")
     if url.startswith("file://"):
-        path = unquote(url[len("file://"):])
-        if not path.startswith("/"):
-            raise ConfigError(f"bad export destination {url} (file:// needs an absolute path)")
-        return FileDestination(Path(path))
-    if url.startswith("s3://"):
-        bucket, _, prefix = url[len("s3://"):].partition("/")
-        if not bucket:
-            raise ConfigError(f"bad export destination {url} (expected s3://bucket/prefix)")
-        return S3Destination(bucket, prefix.strip("/"))
-    raise ConfigError(f"bad export destination {url} (expected s3://bucket/prefix "
-                      "or file:///abs/dir)")
+        return FileDestination(Path(unquote(url[len("file://"):])))
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    return S3Destination(bucket, prefix.strip("/"))
 
 
 # -- file:// -------------------------------------------------------------------------------

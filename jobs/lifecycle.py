@@ -29,12 +29,11 @@ from jobs import throttle
 from jobs.dispatch import dispatch_later
 from jobs.runtime import Runtime
 from shardfarm import log as farm_log
+from shardfarm import tuning
 from shardfarm.errors import ChunkTimeoutError, FatalError, FencedError
 from shardfarm.retry import backoff
 
 log = logging.getLogger(__name__)
-LEASE_SECONDS = float(os.environ.get("FARM_LEASE_SECONDS", "60"))
-MAX_ATTEMPTS = int(os.environ.get("FARM_CHUNK_ATTEMPTS", "5"))
 CHUNK_BACKOFF, CHUNK_BACKOFF_CAP = 2.0, 300.0  # seconds: first wait, longest wait
 OWNER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
@@ -52,7 +51,7 @@ class Renewer:
 
     def __init__(self, ctx: ChunkContext, seconds: float | None = None) -> None:
         self.ctx = ctx
-        ctx.lease_seconds = seconds or LEASE_SECONDS
+        ctx.lease_seconds = seconds or tuning.lease_seconds()
         ctx.extended(time.monotonic())  # claimed a moment ago; the margin covers the gap
         self.stop = threading.Event()
         # in a copy of this context: its lines carry the chunk's run, chunk and shard too
@@ -117,7 +116,7 @@ def _execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int) -> str:
     if throttle.reason(rt, run):
         dispatch_later(rt.redis, run, chunk_id, throttle.PAUSE_SECONDS, timeouts)
         return "throttled"
-    claim = rt.ledger.claim(run_id, chunk_id, OWNER, LEASE_SECONDS)
+    claim = rt.ledger.claim(run_id, chunk_id, OWNER, tuning.lease_seconds())
     if isinstance(claim, ClaimRefused):
         if claim.reason == "not_before":
             dispatch_later(rt.redis, run, chunk_id, 2.0, timeouts)
@@ -152,7 +151,7 @@ def _run(rt: Runtime, run: dict, ctx: ChunkContext, timeouts: int) -> str:
 
 def _failed(rt: Runtime, run: dict, lease: Lease, exc: BaseException, timeouts: int) -> str:
     timed_out = isinstance(exc, JobTimeoutException | ChunkTimeoutError)
-    fatal = isinstance(exc, FatalError) or lease.attempts >= MAX_ATTEMPTS
+    fatal = isinstance(exc, FatalError) or lease.attempts >= tuning.chunk_attempts()
     retry_in = None if fatal else backoff(lease.attempts, CHUNK_BACKOFF, CHUNK_BACKOFF_CAP)
     reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:1000]
     level = logging.ERROR if fatal else logging.WARNING

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 
 import pymysql.cursors
 
 from farmcore import keys
 from jobs.runtime import Runtime
+from shardfarm import tuning
 from shardfarm.errors import FarmError
 from shardfarm.mysql.dsn import Host
 
@@ -26,8 +26,7 @@ _cache: dict[tuple, tuple[float, float | None]] = {}
 
 def limit_of(run: dict) -> int:
     """The run's ``max_threads_running`` (or ``FARM_MAX_THREADS_RUNNING``); 0 means no throttle."""
-    return int(run["params"].get("max_threads_running")
-               or os.environ.get("FARM_MAX_THREADS_RUNNING") or 0)
+    return int(run["params"].get("max_threads_running") or tuning.max_threads_running())
 
 
 def threads_running(rt: Runtime, host: Host) -> int:

@@ -13,6 +13,7 @@ import redis
 
 from jobs.policy import add_operator_path
 from shardfarm import log as farm_log
+from shardfarm import tuning
 from shardfarm.errors import FarmError, InvalidIdError, UsageError
 
 # command -> the ``scripts`` module registering it, in the order an operator meets them
@@ -78,6 +79,7 @@ def cli(log_level: str | None, log_format: str | None) -> None:
     chunks of which run are done.
     """
     farm_log.setup(log_level, log_format)
+    tuning.check_environment()  # a bad FARM_* value stops every command before it starts
 
 
 def main(argv: list[str] | None = None) -> None:

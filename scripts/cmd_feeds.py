@@ -7,17 +7,17 @@ import click
 from loaders import feeds as feeder
 from scripts.app import App
 from scripts.follow import finish
-from scripts.options import AS_JSON, farm_options
+from scripts.options import AS_JSON, CommaList, farm_options
 from scripts.render import note
 from sharding import ids
 from workers import launch
 
 
-def parse_users(text: str | None) -> list[int] | None:
-    """``ID,ID,...`` as user IDs (``None``: every user); a bad ID is an ``InvalidIdError``."""
-    if text is None:
+def parse_users(parts: list[str] | None) -> list[int] | None:
+    """``--users ID,ID,...`` as user IDs (``None``: every user); a bad ID is an
+    ``InvalidIdError``."""
+    if parts is None:
         return None
-    parts = [p for p in text.split(",") if p.strip()]
     return feeder.check_user_ids(ids.parse(p).id for p in parts)
 
 
@@ -27,7 +27,7 @@ def feeds() -> None:
 
 
 @feeds.command("rebuild")
-@click.option("--users", default=None, metavar="ID,ID,...",
+@click.option("--users", default=None, metavar="ID,ID,...", type=CommaList(),
               help="Only these users, as one chunk (default: every active user).")
 @click.option("--length", default=feeder.DEFAULT_LENGTH, show_default=True,
               type=click.IntRange(1, feeder.MAX_LENGTH), help="Pins kept per feed.")
@@ -36,7 +36,7 @@ def feeds() -> None:
 @click.option("--wait", is_flag=True, help="Show progress until the run ends; exit 0 if done.")
 @AS_JSON
 @farm_options
-def rebuild(app: App, users: str | None, length: int, chunk_size: int, wait: bool,
+def rebuild(app: App, users: list[str] | None, length: int, chunk_size: int, wait: bool,
             as_json: bool) -> None:
     """Rebuild home feeds from user_follows_boards and board_has_pins.
 

@@ -146,6 +146,8 @@ def unpause(app: App, run_id: str) -> None:
 @farm_options
 def failed(app: App, run_id: str | None, as_json: bool) -> None:
     """List failed chunks (and failed enqueued items) with their reasons."""
+    if run_id:
+        app.runtime.ledger.run(run_id)  # a mistyped run is an error, not "no failures"
     rows = app.runtime.ledger.failures(run_id)
     if not run_id:
         rows += status.failed_items(app.runtime)

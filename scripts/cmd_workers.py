@@ -8,7 +8,7 @@ import click
 
 from jobs.policy import JobPolicy
 from scripts.app import App
-from scripts.options import ALLOW_MODULE, emit, farm_options
+from scripts.options import ALLOW_MODULE, CommaList, emit, farm_options
 from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
 
 
@@ -16,7 +16,8 @@ from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
 @click.option("--count", default=2, show_default=True, type=click.IntRange(0, MAX_WORKERS),
               help="Worker processes on this machine.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
-@click.option("--queues", default="farm", show_default=True, help="Comma-separated queues.")
+@click.option("--queues", default="farm", show_default=True, type=CommaList(),
+              metavar="Q[,Q...]", help="Comma-separated queues.")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve this supervisor's Prometheus metrics (job latency, workers by "
                    "state) on PORT.")
@@ -24,7 +25,7 @@ from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
               help="Address the metrics port listens on.")
 @ALLOW_MODULE
 @farm_options
-def workers(app: App, count: int, burst: bool, queues: str, metrics_port: int | None,
+def workers(app: App, count: int, burst: bool, queues: list[str], metrics_port: int | None,
             metrics_addr: str, allow_modules: tuple[str, ...]) -> None:
     """Run COUNT worker processes here, supervised.
 
@@ -35,7 +36,7 @@ def workers(app: App, count: int, burst: bool, queues: str, metrics_port: int | 
     sets the count every supervisor converges to (and overrides --count).
     """
     policy = JobPolicy.from_env(flags=allow_modules)
-    sup = Supervisor(app.settings, count, [q for q in queues.split(",") if q], burst=burst,
+    sup = Supervisor(app.settings, count, queues, burst=burst,
                      policy=policy, metrics_port=metrics_port, metrics_addr=metrics_addr)
     raise SystemExit(sup.run())
 

@@ -11,19 +11,37 @@ from collections.abc import Callable
 import click
 
 from scripts.app import App
-from shardfarm.settings import Settings
+from shardfarm.lists import names
+from shardfarm.settings import FLAGS, Settings
 
-SHARED = [
-    ("--redis-url", "FARM_REDIS_URL", "Redis for queues, worker registry and feeds."),
-    ("--control-dsn", "FARM_CONTROL_DSN", "Control database: runs, chunk ledger, quarantine."),
-    ("--legacy-dsn", "FARM_LEGACY_DSN", "Legacy source database."),
-    ("--shardmap", "FARM_SHARDMAP", "Shard map file or zk://host:port/path (default: demo map)."),
-    ("--export-url", "FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
-]
+SHARED = [(FLAGS[env], env, help_) for env, help_ in [
+    ("FARM_REDIS_URL", "Redis for queues, worker registry and feeds."),
+    ("FARM_CONTROL_DSN", "Control database: runs, chunk ledger, quarantine."),
+    ("FARM_LEGACY_DSN", "Legacy source database."),
+    ("FARM_SHARDMAP", "Shard map file or zk://host:port/path (default: demo map)."),
+    ("FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
+]]
+
+
+class CommaList(click.ParamType):
+    """A comma-separated option value (``--tables a,b``) as a list of names: the one parser
+    of such options, so an empty list (``''``, ``','``) or an empty item (``'a,,b'``) is
+    refused in one line (exit 2) instead of meaning "everything" or "nothing"."""
+
+    name = "list"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[str]:
+        """The list of names; ``UsageError`` naming the option when one is missing."""
+        if isinstance(value, list):
+            return value
+        return names(str(value), param.opts[0] if param else "list")
 
 
 ALLOW_MODULE = click.option(
     "--allow-module", "allow_modules", multiple=True, metavar="PREFIX[,PREFIX]",
+    type=CommaList(), callback=lambda _ctx, _param, groups: tuple(
+        prefix for group in groups for prefix in group),
     help="Module prefixes whose functions workers may run, besides the farm's own; "
          "replaces FARM_JOB_MODULES when given. [env: FARM_JOB_MODULES]")
 

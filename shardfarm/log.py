@@ -19,12 +19,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from shardfarm.errors import ConfigError, UsageError
-from shardfarm.mysql.dsn import _redact as redact
+from shardfarm import tuning
+from shardfarm.redact import redact
 
 FORMAT = "%(asctime)s %(levelname)-7s %(name)s[%(process)d]: %(message)s"
-FORMATS = ("text", "json")
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 HOST = socket.gethostname()
 
 _fields: ContextVar[dict | None] = ContextVar("farm_log_fields", default=None)
@@ -76,23 +74,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, ensure_ascii=False, default=str)
 
 
-def _choice(value: str | None, env: str, default: str, allowed: tuple[str, ...],
-            flag: str) -> str:
-    """``value`` (a flag) or the environment variable, checked against ``allowed``."""
-    given = value or os.environ.get(env) or default
-    if given.upper() not in [a.upper() for a in allowed]:
-        error = UsageError if value else ConfigError  # a flag: exit 2; the environment: 1
-        raise error(f"bad {flag if value else env} {given[:40]!r} "
-                    f"(expected one of {', '.join(allowed)})")
-    return given.upper() if allowed is LEVELS else given.lower()
-
-
 def setup(level: str | None = None, fmt: str | None = None) -> None:
     """Configure the root logger: ``level`` and ``fmt`` (``text`` or ``json``) else
     ``FARM_LOG_LEVEL`` (default WARNING) and ``FARM_LOG_FORMAT`` (default text). Both are
     then set in the environment, for the processes this one starts."""
-    level = _choice(level, "FARM_LOG_LEVEL", "WARNING", LEVELS, "--log-level")
-    fmt = _choice(fmt, "FARM_LOG_FORMAT", "text", FORMATS, "--log-format")
+    level = str(tuning.value("FARM_LOG_LEVEL", given=level, flag="--log-level"))
+    fmt = str(tuning.value("FARM_LOG_FORMAT", given=fmt, flag="--log-format"))
     os.environ["FARM_LOG_LEVEL"], os.environ["FARM_LOG_FORMAT"] = level, fmt
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else RedactingFormatter(FORMAT))

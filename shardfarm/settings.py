@@ -6,25 +6,33 @@ Every ``FARM_*`` variable is overridden by the command-line flag of the same mea
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import redis
 
-from shardfarm.errors import ConfigError
-from shardfarm.mysql.dsn import DSN, _redact
+from shardfarm import tuning
+from shardfarm.errors import ConfigError, UsageError
+from shardfarm.mysql.dsn import DSN
+from shardfarm.redact import UNENCODED, authority_problem, redact_url, unencoded_password
 
+T = TypeVar("T")
 DEFAULTS = {
     "FARM_REDIS_URL": "redis://127.0.0.1:6379/0",
     "FARM_CONTROL_DSN": "mysql://root@127.0.0.1:3306/farm_control",
     "FARM_LEGACY_DSN": "mysql://root@127.0.0.1:3306/legacy",
     "FARM_SHARDMAP": "",
     "FARM_EXPORT_URL": "",
-    "FARM_CONNECT_TIMEOUT": "10",
 }
-MAX_CONNECT_TIMEOUT = 3600.0
+# the command-line flag that overrides each variable: a bad value given there is a usage
+# mistake (exit 2), in the environment a configuration one (exit 1)
+FLAGS = {"FARM_REDIS_URL": "--redis-url", "FARM_CONTROL_DSN": "--control-dsn",
+         "FARM_LEGACY_DSN": "--legacy-dsn", "FARM_SHARDMAP": "--shardmap",
+         "FARM_EXPORT_URL": "--export-url"}
 
 
 @dataclass(frozen=True)
@@ -46,22 +54,26 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: str | None) -> Settings:
-        """Build settings from ``env`` (default ``os.environ``); non-empty overrides win."""
+        """Build settings from ``env`` (default ``os.environ``); non-empty overrides win.
+        Every tuning variable of ``env`` is checked too (``shardfarm.tuning``)."""
         env = os.environ if env is None else env
+        tuning.check_environment(env)
         raw = {k: env.get(k) or v for k, v in DEFAULTS.items()}
-        for key, value in overrides.items():
-            if value:
-                raw[key] = value
+        flagged = {key for key, value in overrides.items() if value}
+        raw.update({key: overrides[key] for key in flagged})
+
+        def checked(key: str, parse: Callable[[str], T]) -> T:
+            return _checked(key, parse, raw[key], key in flagged)
         zk = raw["FARM_SHARDMAP"] if raw["FARM_SHARDMAP"].startswith("zk://") else ""
         return cls(
-            redis_url=_redis_url(raw["FARM_REDIS_URL"]),
-            control_dsn=DSN.parse(raw["FARM_CONTROL_DSN"], what="FARM_CONTROL_DSN"),
-            legacy_dsn=DSN.parse(raw["FARM_LEGACY_DSN"], what="FARM_LEGACY_DSN"),
+            redis_url=checked("FARM_REDIS_URL", _redis_url),
+            control_dsn=checked("FARM_CONTROL_DSN", partial(DSN.parse, what="FARM_CONTROL_DSN")),
+            legacy_dsn=checked("FARM_LEGACY_DSN", partial(DSN.parse, what="FARM_LEGACY_DSN")),
             shardmap_path=(Path(raw["FARM_SHARDMAP"]).resolve()
                            if raw["FARM_SHARDMAP"] and not zk else None),
             shardmap_url=zk,
-            export_url=_export_url(raw["FARM_EXPORT_URL"]),
-            connect_timeout=_seconds(raw["FARM_CONNECT_TIMEOUT"]),
+            export_url=checked("FARM_EXPORT_URL", _export_url),
+            connect_timeout=tuning.connect_timeout(env),
         )
 
     def redis(self) -> redis.Redis:
@@ -79,7 +91,7 @@ class Settings:
     def describe(self) -> dict[str, str]:
         """A printable summary with every password hidden."""
         return {
-            "redis": _redact(self.redis_url),
+            "redis": redact_url(self.redis_url),
             "control": str(self.control_dsn),
             "legacy": str(self.legacy_dsn),
             "shardmap": self.shardmap_spec or "(built-in demo map)",
@@ -90,20 +102,18 @@ class Settings:
 
 def connect_timeout(env: Mapping[str, str] | None = None) -> float:
     """``FARM_CONNECT_TIMEOUT`` (default 10): seconds a command waits for a server to answer
-    before it gives up, in total, retries included."""
-    env = os.environ if env is None else env
-    return _seconds(env.get("FARM_CONNECT_TIMEOUT") or DEFAULTS["FARM_CONNECT_TIMEOUT"])
+    before it gives up, in total, retries included (checked by ``shardfarm.tuning``)."""
+    return tuning.connect_timeout(env)
 
 
-def _seconds(text: str) -> float:
+def _checked(key: str, parse: Callable[[str], T], text: str, flagged: bool) -> T:
+    """``parse(text)``; a bad value given as a flag is a ``UsageError`` naming the flag."""
     try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value <= MAX_CONNECT_TIMEOUT:  # also refuses nan
-        raise ConfigError(f"bad FARM_CONNECT_TIMEOUT: {text[:40]!r} (expected seconds, "
-                          f"more than 0 and at most {MAX_CONNECT_TIMEOUT:g})")
-    return value
+        return parse(text)
+    except ConfigError as exc:
+        if not flagged:
+            raise
+        raise UsageError(str(exc).replace(f"bad {key}", f"bad {FLAGS[key]}", 1)) from None
 
 
 def _redis_url(url: str) -> str:
@@ -112,9 +122,13 @@ def _redis_url(url: str) -> str:
         password = _password_of(url)
         if password:
             why = why.replace(password, "***")
-        return ConfigError(f"bad FARM_REDIS_URL: {_redact(url)} ({why})")
+        why = UNENCODED if unencoded_password(url) else why  # a cause, not a symptom
+        return ConfigError(f"bad FARM_REDIS_URL: {redact_url(url)} ({why})")
     if not url.startswith(("redis://", "rediss://", "unix://")):
         raise bad("expected redis://[:password@]host:port/db, rediss://… or unix://path")
+    problem = authority_problem(url)  # urlsplit's own words may quote the password
+    if problem:
+        raise bad(problem)
     try:
         pool = redis.ConnectionPool.from_url(url)
         pool.connection_class(**pool.connection_kwargs)  # unknown options fail here; no I/O
@@ -137,14 +151,22 @@ def _password_of(url: str) -> str:
         return ""
 
 
+def export_url_problem(url: str) -> str | None:
+    """Why ``url`` is not an export destination (``s3://bucket/prefix`` or
+    ``file:///abs/dir``), or ``None``: the one check behind ``FARM_EXPORT_URL``,
+    ``--export-url`` and ``--dest``."""
+    if url.startswith("file://"):
+        return None if url[len("file://"):].startswith("/") else \
+            "file:// needs an absolute path: file:///abs/dir"
+    if url.startswith("s3://") and url[len("s3://"):].partition("/")[0]:
+        return None
+    return "expected s3://bucket/prefix or file:///abs/dir"
+
+
 def _export_url(url: str) -> str:
     if not url:
         return f"file://{Path.cwd() / 'exports'}"
-    if url.startswith("file://"):
-        if not url[len("file://"):].startswith("/"):
-            raise ConfigError(f"bad FARM_EXPORT_URL: {url} (file:// needs an absolute path)")
-        return url
-    if url.startswith("s3://") and len(url) > len("s3://"):
-        return url
-    raise ConfigError(f"bad FARM_EXPORT_URL: {_redact(url)} (expected s3://bucket/prefix "
-                      "or file:///abs/dir)")
+    problem = export_url_problem(url)
+    if problem:
+        raise ConfigError(f"bad FARM_EXPORT_URL: {redact_url(url)} ({problem})")
+    return url

@@ -18,6 +18,7 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from kazoo.handlers.threading import KazooTimeoutError
 
 from shardfarm.errors import ConfigError, ShardMapError, StaleStateError
+from shardfarm.redact import redact_url
 from sharding.mapsource import Guard, GuardedMap
 from sharding.shardmap import ShardMap
 
@@ -29,7 +30,8 @@ def parse_url(url: str) -> tuple[str, str]:
     """``zk://hosts/path`` -> ``(hosts, path)``; a malformed URL is a ``ConfigError``."""
     m = _URL.match(url)
     if not m or "//" in m.group(2):
-        raise ConfigError(f"bad FARM_SHARDMAP {url[:80]!r} (expected zk://host:port/path)")
+        raise ConfigError(f"bad FARM_SHARDMAP {redact_url(url)[:80]!r} "
+                          "(expected zk://host:port/path)")
     return m.group(1), m.group(2)
 
 

@@ -100,7 +100,7 @@ def _usage_error(out, words: str) -> None:
 
 @pytest.mark.slow
 def test_usage_mistakes_exit_2(farm_env, router):
-    _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad cron expression")
+    _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad --at")
     _usage_error(run_farm(farm_env, "cron", "--once", "--tables", "users,nope"),
                  "cannot export nope")
     _usage_error(run_farm(farm_env, "export", "--date", "2026-02-30"), "bad export date")
@@ -118,7 +118,7 @@ def test_usage_mistakes_are_found_before_the_shard_map_is_read(farm_env, tmp_pat
     broken.write_text("{not json")
     env = {**farm_env, "FARM_SHARDMAP": str(broken)}
     _usage_error(run_farm(env, "export", "--date", "2026-02-30"), "bad export date")
-    _usage_error(run_farm(env, "cron", "--at", "bad", "--once"), "bad cron expression")
+    _usage_error(run_farm(env, "cron", "--at", "bad", "--once"), "bad --at")
     _usage_error(run_farm(env, "feeds", "rebuild", "--users", "x"), "not an integer")
     out = run_farm(env, "export", "--date", "2026-02-03")
     assert out.returncode == 1 and "broken.json" in out.stderr, out.stderr  # then the map
@@ -193,3 +193,87 @@ def test_a_folder_named_like_a_farm_package_does_not_stand_in_for_it(farm_env, t
     out = subprocess.run([str(farm), "enqueue", "--help"], env=farm_env,  # puts "." first)
                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "Enqueue FUNCTION" in out.stdout, out.stderr
+
+
+NO_RUN = "farm: error: no run 'nosuch-run' (see 'farm status' for the runs there are)"
+
+
+@pytest.mark.parametrize("args", [("failed",), ("failed", "--json"), ("quarantine",),
+                                  ("quarantine", "--json"), ("mismatches",),
+                                  ("mismatches", "--json")])
+def test_a_mistyped_run_is_an_error_not_an_all_clear(farm_env, ledger, args):
+    out = run_farm(farm_env, *args, "--run", "nosuch-run")
+    assert (out.returncode, out.stdout) == (1, ""), (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [NO_RUN]
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
+def test_a_known_run_without_findings_is_still_all_clear(farm_env, ledger):
+    # kind "test": a bare "migrate" run would become the first migrate run later tests plan by
+    migrate = ledger.create_run("test", "none", {}, [])
+    verify = ledger.create_run("test", "none", {}, [])
+    for args, line in [(("failed", "--run", migrate), "no failures"),
+                       (("quarantine", "--run", migrate), f"0 quarantined in {migrate}: "),
+                       (("mismatches", "--run", verify), f"no mismatches in {verify}")]:
+        out = run_farm(farm_env, *args)
+        assert out.returncode == 0 and out.stdout.splitlines() == [line], out.stderr
+
+
+@pytest.mark.parametrize("url,why", [
+    ("ftp://x", "expected s3://bucket/prefix or file:///abs/dir"),
+    ("file://relative/dir", "file:// needs an absolute path: file:///abs/dir"),
+    ("s3:///no-bucket", "expected s3://bucket/prefix or file:///abs/dir"),
+    ("ftp://me:topsecret@x/y", "expected s3://bucket/prefix or file:///abs/dir"),
+])
+def test_a_bad_destination_is_usage_as_a_flag_and_config_in_the_environment(farm_env, url,
+                                                                            why):
+    shown = url.replace("topsecret", "***")
+    cases = [
+        (farm_env, ("export", "--date", "2026-11-20", "--dest", url), 2, "--dest"),
+        (farm_env, ("cron", "--once", "--dest", url), 2, "--dest"),
+        (farm_env, ("export", "--date", "2026-11-20", "--export-url", url), 2, "--export-url"),
+        ({**farm_env, "FARM_EXPORT_URL": url}, ("export", "--date", "2026-11-20"), 1,
+         "FARM_EXPORT_URL"),
+    ]
+    for env, args, code, name in cases:
+        out = run_farm(env, *args)
+        assert out.returncode == code, (args, out.returncode, out.stderr)
+        assert out.stderr.splitlines() == [f"farm: error: bad {name}: {shown} ({why})"]
+        assert "topsecret" not in out.stdout + out.stderr
+
+
+def test_a_bad_connection_flag_is_usage_and_the_same_variable_config(farm_env):
+    dsn = "mysql://u:topsecret@h/"
+    flag = run_farm(farm_env, "status", "--control-dsn", dsn)
+    env = run_farm({**farm_env, "FARM_CONTROL_DSN": dsn}, "status")
+    why = "mysql://u:***@h/ (database name missing or invalid)"
+    assert (flag.returncode, flag.stderr) == (2, f"farm: error: bad --control-dsn: {why}\n")
+    assert (env.returncode, env.stderr) == (1, f"farm: error: bad FARM_CONTROL_DSN: {why}\n")
+    out = run_farm(farm_env, "status", "--redis-url", "http://h")
+    assert out.returncode == 2 and out.stderr.startswith("farm: error: bad --redis-url: ")
+
+
+@pytest.mark.parametrize("args,flag,value", [
+    (("export", "--date", "2026-11-20"), "--tables", ""),
+    (("export", "--date", "2026-11-20"), "--tables", ","),
+    (("export", "--date", "2026-11-20"), "--tables", " , "),
+    (("cron", "--once"), "--tables", ","),
+    (("workers", "--burst", "--count", "1"), "--queues", ""),
+    (("workers", "--burst", "--count", "1"), "--queues", ","),
+    (("feeds", "rebuild"), "--users", ""),
+    (("workers", "--burst", "--count", "0"), "--allow-module", ""),
+])
+def test_an_empty_list_is_refused_not_taken_for_everything(farm_env, args, flag, value):
+    out = run_farm(farm_env, *args, flag, value, timeout=60)
+    assert (out.returncode, out.stdout) == (2, ""), (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [
+        f"farm: error: bad {flag} {value!r}: the list is empty (leave {flag} out for the "
+        "default)"]
+
+
+def test_an_empty_item_in_a_list_is_refused(farm_env):
+    for args in (("export", "--date", "2026-11-20", "--tables", "users,,pins"),
+                 ("workers", "--burst", "--queues", "farm,")):
+        out = run_farm(farm_env, *args, timeout=60)
+        assert out.returncode == 2 and out.stderr.splitlines() == [
+            f"farm: error: bad {args[-2]} {args[-1]!r}: an empty item between commas"]

@@ -13,7 +13,7 @@ import redis
 
 from exporters import export as exporter
 from jobs.runtime import Runtime
-from shardfarm.errors import ConfigError
+from shardfarm.errors import UsageError
 from tests.conftest import ROOT, run_farm
 from tests.farmkit import start_workers, stop, until
 from workers import cron as scheduler
@@ -67,11 +67,11 @@ def test_slots_between_catches_up_oldest_first_and_bounded():
 
 @pytest.mark.parametrize("expr", ["0 3 * *", "61 3 * * *", "every night", "0 3 * * * *"])
 def test_bad_expression_is_one_clear_line(expr, farm_env):
-    with pytest.raises(ConfigError, match="bad cron expression"):
+    with pytest.raises(UsageError, match="bad --at"):
         scheduler.check_expression(expr)
     out = run_farm(farm_env, "cron", "--at", expr, "--once")
     assert out.returncode != 0 and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1 and "bad cron expression" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "bad --at" in out.stderr
 
 
 def test_run_ids_are_one_per_slot():

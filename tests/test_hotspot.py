@@ -149,7 +149,7 @@ def test_rebalance_killed_at_each_state_completes_exactly(rt, router, hot_board,
         if state == die_at:
             raise KeyboardInterrupt(f"killed after {state}")
     monkeypatch.setattr(rebalancer, "after_state", die)
-    monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 0.5)
+    monkeypatch.setenv("FARM_LEASE_SECONDS", "0.5")
     params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 4)
     run_id = rt.ledger.create_run("rebalance", "none", {**params, "handler":
                                                         rebalancer.HANDLER}, chunks)

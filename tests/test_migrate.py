@@ -249,7 +249,7 @@ def _killed(rt, run_id: str, chunk: int, killer, monkeypatch) -> None:
     ``KeyboardInterrupt`` (not an Exception: like SIGKILL, nothing is recorded), then let
     the dead attempt's lease expire."""
     real = writer.write_shards
-    monkeypatch.setattr(lifecycle, "LEASE_SECONDS", 1.0)
+    monkeypatch.setenv("FARM_LEASE_SECONDS", "1")
     monkeypatch.setattr(writer, "write_shards", killer(real))
     with pytest.raises(KeyboardInterrupt):
         lifecycle.execute(rt, run_id, chunk)

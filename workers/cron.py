@@ -32,10 +32,11 @@ from farmcore.cronstate import EPOCH, CronState
 from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
-from shardfarm.errors import ConfigError, DatabaseError, UsageError
+from shardfarm import tuning
+from shardfarm.errors import ConfigError, DatabaseError
 
 log = logging.getLogger(__name__)
-DEFAULT_AT = "0 3 * * *"
+DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
 TICK_SECONDS = 5.0
 LEASE_SECONDS = 15.0
 CATCH_UP = 7
@@ -46,11 +47,9 @@ _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
 
 
 def check_expression(expr: str) -> str:
-    """A 5-field cron expression (minute hour day month weekday, UTC), or one clear line."""
-    if len(expr.split()) != 5 or not croniter.is_valid(expr):
-        raise UsageError(f"bad cron expression {expr[:80]!r} (expected 5 fields such as "
-                         f"'{DEFAULT_AT}', in UTC)")
-    return expr
+    """A 5-field cron expression (minute hour day month weekday, UTC) given as ``--at``, or
+    one clear line (``UsageError``); checked by ``shardfarm.tuning`` like FARM_EXPORT_CRON."""
+    return str(tuning.value("FARM_EXPORT_CRON", given=expr, flag="--at"))
 
 
 def utcnow() -> dt.datetime:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import sys
 import threading
 import time
 
@@ -25,6 +26,8 @@ from jobs.policy import FARM_HANDLERS, ForbiddenJobError, add_operator_path
 from jobs.queue import rq_queue
 from jobs.status import worker_name
 from shardfarm import log as farm_log
+from shardfarm.errors import FarmError
+from shardfarm.lists import names
 from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
 from workers.metrics import report_job
@@ -134,15 +137,20 @@ def warm_up(rt: runtime.Runtime) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of one worker process."""
+    """Entry point of one worker process. A bad configuration (a tuning variable, a URL, the
+    queue list) is one line on stderr and exit 1, before any job is taken."""
     ap = argparse.ArgumentParser(prog="python -m workers.worker")
     ap.add_argument("--queues", default="farm")
     ap.add_argument("--burst", action="store_true")
     ap.add_argument("--name", default=None)
     args = ap.parse_args(argv)
     add_operator_path()
-    farm_log.setup()
-    worker = build(Settings.from_env(), args.queues.split(","), args.name)
+    try:
+        farm_log.setup()
+        worker = build(Settings.from_env(), names(args.queues, "--queues"), args.name)
+    except FarmError as exc:
+        print(f"farm worker: error: {exc}", file=sys.stderr)
+        return 1
     farm_log.set_process(worker=worker.name)
     warm_up(runtime.get())
     try:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from shardfarm.errors import ConfigError
+from shardfarm.redact import UNENCODED, authority_problem, redact_url, unencoded_password
 
 _DB_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 TLS_PARAMS = ("ssl_ca", "ssl_cert", "ssl_key", "ssl_verify")
@@ -65,12 +66,13 @@ class DSN(Host):
     def parse(cls, text: str, *, what: str = "DSN") -> DSN:
         """Parse a DSN, raising ``ConfigError`` (one line, without the password) when malformed."""
         def bad(why: str) -> ConfigError:
-            return ConfigError(f"bad {what}: {_redact(text)} ({why})")
-        try:
-            parts = urlsplit(text)
-            port = parts.port or 3306
-        except ValueError as exc:
-            raise bad(str(exc)) from None
+            why = UNENCODED if unencoded_password(text) else why  # a cause, not a symptom
+            return ConfigError(f"bad {what}: {redact_url(text)} ({why})")
+        problem = authority_problem(text)  # urlsplit's own words may quote the password
+        if problem:
+            raise bad(problem)
+        parts = urlsplit(text)
+        port = parts.port or 3306
         if parts.scheme not in ("mysql", "mariadb"):
             raise bad("expected mysql://user@host:port/db")
         database = parts.path.lstrip("/")
@@ -146,7 +148,3 @@ def tls_args(params: dict[str, str]) -> dict:
     out = {k: params[k] for k in ("ssl_ca", "ssl_cert", "ssl_key") if k in params}
     return {**out, "ssl_verify_cert": verify, "ssl_verify_identity": verify}
 
-
-def _redact(text: str) -> str:
-    """Replace the password part of a URL-like string with ``***``."""
-    return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", text)
