@@ -13,7 +13,7 @@ from farmcore.ledger import ChunkSpec
 from jobs import runs
 from shardfarm import log as farm_log
 from shardfarm.errors import ConfigError, UsageError
-from tests.conftest import SHARDS_A, run_farm
+from tests.conftest import SHARDS_A, park_unfinished_runs, run_farm
 
 
 def _record(msg: str, *args, exc_info=None) -> logging.LogRecord:
@@ -71,6 +71,7 @@ def test_workers_log_json_with_run_chunk_shard_host_and_worker(rt, env):
     run_id = runs.start(rt, "test", "tests.kinds.write_edges", [
         ChunkSpec("edges", {"shard": shard, "start": 8_000_000 + 100 * i, "count": 100})
         for i in range(3)])
+    park_unfinished_runs(rt.ledger, keep={run_id})  # earlier tests' runs: not this one's
     plain = {k: v for k, v in env.items() if k not in ("FARM_LOG_LEVEL", "FARM_LOG_FORMAT")}
     out = run_farm(plain, "--log-format", "json", "--log-level", "INFO", "workers",
                    "--count", "2", "--burst", timeout=120)
