@@ -68,16 +68,26 @@ def create_shard(router: Router, host: Host, shard: int) -> None:
 
 def init_databases(router: Router, threads_per_server: int = 4,
                    progress: Callable[[int], None] | None = None) -> ProvisionReport:
-    """Create every database and table of the map on its master; safe to run again."""
+    """Create every database and table of the map on its master; safe to run again.
+
+    Every master is asked once first (``Router.check_servers``), and the first database
+    that fails stops the rest: a server that does not answer costs one retry budget, not
+    one per database on it.
+    """
     start = time.monotonic()
+    router.check_servers()
     work = _interleave(_plan(router))
     servers = {item[0].server for item in work}
     with ThreadPoolExecutor(max_workers=max(1, threads_per_server * len(servers))) as pool:
         futures = [pool.submit(_run_ddl, router, *item) for item in work]
-        for f in as_completed(futures):
-            f.result()
-            if progress:
-                progress(1)
+        try:
+            for f in as_completed(futures):
+                f.result()
+                if progress:
+                    progress(1)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # only those in flight finish
+            raise
     m = router.shardmap
     return ProvisionReport(m.shard_count(), m.buckets, len(servers), time.monotonic() - start)
 

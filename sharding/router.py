@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Literal, TypeVar
 
@@ -219,6 +220,19 @@ class Router:
             h = m.hosts[r.master if role == "master" else r.slave]
             out.setdefault(h.server, h)
         return out
+
+    def check_servers(self, role: Role = "master") -> None:
+        """Every distinct server the map uses in ``role`` answers: each asked once (``SELECT
+        1``, retried under the router's policy), all at once. A fleet-wide command calls
+        this before it loops over shards or buckets, so a server that does not answer costs
+        one retry budget (FARM_CONNECT_TIMEOUT) however many databases and host names it
+        has, not one per database. Raises the first server's error (an ``UnreachableError``
+        names its host in the map and ``user@host:port``)."""
+        hosts = list(self.servers(role).values())
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            futures = [pool.submit(self.query, h, "SELECT 1") for h in hosts]
+        for f in futures:
+            f.result()
 
     def close(self) -> None:
         """Close every pooled connection."""
