@@ -4,15 +4,20 @@ version its shards recorded (``shard_state``: the version that last placed them)
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pymysql
 import pymysql.cursors
 
 from shardfarm.errors import FarmError
+from shardfarm.mysql.dsn import Host
+from shardfarm.retry import NO_RETRY
 from sharding.router import Router
 from sharding.schema import shard_table
 from sharding.shardmap import ShardMap
 
 BATCH = 200
+THREADS = 16  # hosts read at a time
 
 
 def _ranges(m: ShardMap, name: str, role: str) -> list[list[int]]:
@@ -64,23 +69,45 @@ def _server(router: Router, m: ShardMap, name: str, shards: list[int]) -> dict:
         "lag_seconds": lag, "map_version": told}
 
 
-def host_status(router: Router, m: ShardMap, name: str) -> dict:
+def host_status(router: Router, m: ShardMap, name: str, down: dict | None = None) -> dict:
     """One host's line of ``farm shards status`` (``reachable: false`` and the error if the
-    server does not answer)."""
+    server does not answer, or is in ``down``: server -> error, found already)."""
     h = m.hosts[name]
     master_of, slave_of = _ranges(m, name, "master"), _ranges(m, name, "slave")
     out = {"host": name, "address": f"{h.host}:{h.port}",
            "role": _role(m, name, master_of, slave_of), "master_of": master_of,
            "slave_of": slave_of}
     shards = [s for lo, hi in master_of + slave_of for s in range(lo, hi + 1)]
-    try:
-        out |= {"reachable": True, **_server(router, m, name, shards)}
-    except (FarmError, pymysql.MySQLError) as exc:
-        out |= {"reachable": False, "error": str(exc).splitlines()[0][:300]}
-    return out
+    failed = (down or {}).get(h.server)
+    if failed is None:
+        try:
+            return out | {"reachable": True, **_server(router, m, name, shards)}
+        except (FarmError, pymysql.MySQLError) as exc:
+            failed = exc
+    return out | {"reachable": False, "error": str(failed).splitlines()[0][:300]}
 
 
 def fleet_status(router: Router) -> dict:
-    """Every host of the map in force, with the map's version."""
+    """Every host of the map in force, with the map's version. Each physical server is asked
+    once first, all at once: one that does not answer costs one FARM_CONNECT_TIMEOUT in
+    all, not one per host name on it; then the hosts are read side by side."""
     m = router.shardmap
-    return {"version": m.version, "hosts": [host_status(router, m, n) for n in m.hosts]}
+    down = _unanswering(router, m)
+    with ThreadPoolExecutor(THREADS) as pool:
+        hosts = list(pool.map(lambda n: host_status(router, m, n, down), m.hosts))
+    return {"version": m.version, "hosts": hosts}
+
+
+def _unanswering(router: Router, m: ShardMap) -> dict[tuple, FarmError]:
+    """The servers of the map's hosts that do not answer one ``SELECT 1``, with the error."""
+    servers = {h.server: h for h in m.hosts.values()}
+
+    def ask(host: Host) -> FarmError | None:
+        try:
+            router.query(host, "SELECT 1", policy=NO_RETRY)
+        except FarmError as exc:
+            return exc
+        return None
+    with ThreadPoolExecutor(max(1, len(servers))) as pool:
+        found = dict(zip(servers, pool.map(ask, servers.values()), strict=True))
+    return {server: exc for server, exc in found.items() if exc is not None}
