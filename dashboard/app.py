@@ -20,7 +20,7 @@ from dashboard.actions import ActionRefused, Guard
 from dashboard.exports import Calendar
 from dashboard.model import Reader
 from jobs.runtime import Runtime
-from shardfarm.errors import FarmError
+from shardfarm.errors import FarmError, RetryableError
 
 log = logging.getLogger(__name__)
 MAX_LIMIT = 200
@@ -104,7 +104,9 @@ def _answers(app: Flask) -> None:
 
     @app.errorhandler(FarmError)
     def farm_error(exc: FarmError) -> tuple[str, int]:
-        return render_template("refused.html", why=str(exc).splitlines()[0]), 409
+        # 503 when trying again later may work (a server that did not answer in time)
+        code = 503 if isinstance(exc, RetryableError) else 409
+        return render_template("refused.html", why=str(exc).splitlines()[0]), code
 
 
 def _warm(reader: Reader) -> None:

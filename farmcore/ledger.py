@@ -22,6 +22,7 @@ from farmcore.ledger_reports import LedgerReports
 from farmcore.mismatches import Mismatches
 from farmcore.quarantine import Quarantine
 from farmcore.syncstate import SyncState
+from shardfarm.bounds import BULK, Bound
 from shardfarm.errors import ConfigError, FatalError, FencedError
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.mysql.pool import Pool
@@ -90,12 +91,13 @@ class Ledger(LedgerReports):
     It opens the control database's pool (``pool``), which the other control stores
     share: ``quarantine`` (bad legacy rows), ``mismatches`` (what verify found) and
     ``cron_state`` (the scheduler's last slots) are those stores, each the only writer of
-    its table.
+    its table. ``bound``: how long a statement may wait (``shardfarm.bounds``; a status
+    reader's ledger is bounded, a worker's is not).
     """
 
-    def __init__(self, dsn: DSN, pool_size: int = 4) -> None:
+    def __init__(self, dsn: DSN, pool_size: int = 4, bound: Bound = BULK) -> None:
         host = Host.from_dsn("control", dsn)
-        self.pool = Pool(host, size=pool_size, database=dsn.database)
+        self.pool = Pool(host, size=pool_size, database=dsn.database, bound=bound)
         self.quarantine = Quarantine(self.pool)
         self.mismatches = Mismatches(self.pool)
         self.cron_state = CronState(self.pool)

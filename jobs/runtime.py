@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import redis
 
 from farmcore.ledger import Ledger
 from jobs.policy import JobPolicy
+from shardfarm.bounds import BULK, Bound
 from shardfarm.errors import FarmError
 from shardfarm.settings import Settings
 from sharding.mapsource import bucket_change, open_source
@@ -20,9 +21,12 @@ from sharding.shardmap import ShardMap
 
 @dataclass
 class Runtime:
-    """Settings plus lazily built router, ledger and Redis connection."""
+    """Settings plus lazily built router, ledger and Redis connection. ``bound``: how long a
+    control-database statement may wait (``shardfarm.bounds``: status views are bounded,
+    workers and commands that start runs are not)."""
 
     settings: Settings
+    bound: Bound = field(default=BULK)
 
     @cached_property
     def router(self) -> Router:
@@ -48,7 +52,7 @@ class Runtime:
     @cached_property
     def ledger(self) -> Ledger:
         """The chunk ledger in the control database."""
-        return Ledger(self.settings.control_dsn)
+        return Ledger(self.settings.control_dsn, bound=self.bound)
 
     @cached_property
     def policy(self) -> JobPolicy:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from jobs.runtime import Runtime
+from shardfarm.bounds import status_bound
 from shardfarm.settings import Settings
 from sharding.mapsource import MapSource
 from sharding.router import Router
@@ -23,6 +24,14 @@ class App:
     def runtime(self) -> Runtime:
         """Router, ledger and Redis as the jobs use them, each built on first use."""
         rt = Runtime(self.settings)
+        self._closers.append(rt.close)
+        return rt
+
+    @cached_property
+    def viewer(self) -> Runtime:
+        """A runtime for status views (``farm status``, the dashboard): its control-database
+        statements end within FARM_STATUS_TIMEOUT (``shardfarm.bounds``)."""
+        rt = Runtime(self.settings, bound=status_bound())
         self._closers.append(rt.close)
         return rt
 

@@ -28,7 +28,7 @@ from sharding import fencing
 def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None:
     """Where runs stand: chunks done/total, rows/s, ETA, failures, workers, queue depths."""
     while True:
-        view = status.farm_view(app.runtime, run_id)
+        view = status.farm_view(app.viewer, run_id)
         view["sync"] = sync_view(app)
         if as_json:
             emit(view)
@@ -42,8 +42,9 @@ def status_cmd(app: App, run_id: str | None, as_json: bool, watch: bool) -> None
 
 
 def sync_view(app: App) -> dict | None:
-    """``farm sync``'s state, with its lag when the legacy server answers (else without)."""
-    return follower.view(app.runtime.ledger, app.settings.legacy_dsn)
+    """``farm sync``'s state, with its lag when the legacy server answers (else without);
+    read within FARM_STATUS_TIMEOUT."""
+    return follower.view(app.viewer.ledger, app.settings.legacy_dsn)
 
 
 @click.group("runs", invoke_without_command=True)

@@ -69,6 +69,12 @@ class UnreachableError(TransientDatabaseError):
     """The server refused or timed out the connection."""
 
 
+class StatementTimeoutError(TransientDatabaseError):
+    """A bounded call (a status read: ``shardfarm.bounds``) got no answer in its time: a lock
+    held by another session, a slow statement, a stalled server or network. Worth trying
+    again later; the reader gives up at once instead of waiting."""
+
+
 class FencedError(FatalError):
     """A zombie worker tried to write after its lease was handed to someone else."""
 

@@ -251,7 +251,7 @@ def view(ledger: Ledger, legacy_dsn: DSN) -> dict | None:
     before the first sync."""
     if not ledger.sync_state.read():
         return None
-    reader = LegacyReader(legacy_dsn)
+    reader = LegacyReader(legacy_dsn, bound=ledger.pool.bound)  # a status view's, if bounded
     try:
         return status(ledger, reader)
     except FarmError:

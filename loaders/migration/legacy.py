@@ -12,6 +12,7 @@ import pymysql
 import pymysql.cursors
 
 from loaders.migration.spec import LegacyTable
+from shardfarm.bounds import BULK, Bound
 from shardfarm.mysql.connect import refused_infile, translate
 from shardfarm.mysql.db import connect, where
 from shardfarm.mysql.dsn import DSN
@@ -24,17 +25,22 @@ AGG_ROWS = 5000
 
 
 class LegacyReader:
-    """One connection to the legacy database, reused across the chunks a process runs."""
+    """One connection to the legacy database, reused across the chunks a process runs;
+    ``bound``: how long a read may wait (``shardfarm.bounds``: a status view's is bounded,
+    a migration's is not)."""
 
-    def __init__(self, dsn: DSN) -> None:
+    def __init__(self, dsn: DSN, bound: Bound = BULK) -> None:
         self.dsn = dsn
+        self.bound = bound
         self._conn: pymysql.Connection | None = None
 
     def _connection(self) -> pymysql.Connection:
         if self._conn is None or not self._conn.open:
-            self._conn = connect(self.dsn)
-            with self._conn.cursor() as cur:  # JSON_ARRAYAGG is capped by it (1 MB default)
-                cur.execute("SET SESSION group_concat_max_len = @@max_allowed_packet")
+            # group_concat_max_len: JSON_ARRAYAGG is capped by it (1 MB default)
+            self._conn = connect(self.dsn, read_timeout=self.bound.socket_timeout,
+                                 write_timeout=self.bound.socket_timeout, init_command=(
+                                     "SET SESSION group_concat_max_len = @@max_allowed_packet"
+                                     f"{self.bound.session()}"))
         return self._conn
 
     @contextlib.contextmanager
@@ -44,6 +50,8 @@ class LegacyReader:
             yield self._connection()
         except pymysql.MySQLError as exc:
             self.close()
+            if self.bound.timed_out(exc):
+                raise self.bound.error(where(self.dsn)) from None
             raise translate(exc, where(self.dsn)) from None
         except RuntimeError as exc:
             self.close()
@@ -58,7 +66,7 @@ class LegacyReader:
         def read(cur: pymysql.cursors.Cursor) -> list[tuple]:
             cur.execute(sql, params)
             return list(cur.fetchall())
-        return retried(self._session, read)
+        return retried(self._session, read, policy=self.bound.policy())
 
     def close(self) -> None:
         """Drop the connection."""

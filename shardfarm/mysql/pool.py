@@ -8,7 +8,10 @@ other connection. Each session has a short ``wait_timeout`` (``IDLE_TIMEOUT``): 
 frozen or cut off in the middle of a transaction has it rolled back by the server
 within that time, so the row locks it held (its chunk's fence row, the rows it was
 writing) do not block the worker that took its chunk over. The pool never hands
-out a connection idle that long. Every session is REPEATABLE READ whatever the
+out a connection idle that long. A pool for status reads is given a ``Bound``
+(``shardfarm.bounds``): its statements, lock waits and socket reads end within it, and a
+call is retried only within it; bulk pools (the default, ``BULK``) have no such bound.
+Every session is REPEATABLE READ whatever the
 server's default: a writer that locks a slot it found empty (``FOR UPDATE``) relies
 on the gap lock that level takes to keep another row out of it until it commits.
 PyMySQL errors are translated into the ``FarmError`` tree
@@ -35,6 +38,7 @@ import pymysql
 import pymysql.cursors
 from pymysql.constants import SERVER_STATUS
 
+from shardfarm.bounds import BULK, Bound
 from shardfarm.mysql.connect import (  # noqa: F401 - translate and the codes are used from here
     TRANSIENT_CODES,
     UNREACHABLE_CODES,
@@ -59,12 +63,14 @@ class Pool:
 
     def __init__(self, host: Host, size: int = 16, connect_timeout: float | None = None,
                  database: str | None = None, *, infile: bool = False,
-                 multi: bool = False) -> None:
+                 multi: bool = False, bound: Bound = BULK) -> None:
         self.host = host
         self.database = database
         self.size = size
         self.connect_timeout = connect_timeout  # None: FARM_CONNECT_TIMEOUT
         self.infile, self.multi = infile, multi
+        self.bound = bound  # how long a statement may wait for the server (none: BULK)
+        self.policy = bound.policy()  # the retry policy of calls that name none
         self.where = Where(host.name, host.host, host.port, host.user, database)
         self._idle: list[tuple[pymysql.Connection, float]] = []  # (connection, idle since)
         self._lock = threading.Lock()
@@ -75,7 +81,10 @@ class Pool:
         conn = open_connection(self.where, self.host.password, tls=self.host.tls_args(),
                                infile=self.infile, multi=self.multi,
                                timeout=self.connect_timeout, autocommit=True,
-                               init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}")
+                               read_timeout=self.bound.socket_timeout,
+                               write_timeout=self.bound.socket_timeout,
+                               init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}"
+                                            f"{self.bound.session()}")
         try:
             with conn.cursor() as cur:  # whatever the server's default (module docstring)
                 cur.execute(REPEATABLE_READ)
@@ -109,6 +118,8 @@ class Pool:
                 _close_quietly(conn)  # maybe mid-transaction or mid-result: never reused
                 if _lost(exc):  # the server went away or killed us: the idle ones died too
                     self.close()
+                if self.bound.timed_out(exc):
+                    raise self.bound.error(self.where, shard) from None
                 raise translate(exc, self.where, shard) from None
             except RuntimeError as exc:
                 _close_quietly(conn)
@@ -142,8 +153,10 @@ class Pool:
 
     def run(self, work: Callable[[pymysql.cursors.Cursor], T], *, transaction: bool = False,
             policy: RetryPolicy | None = None) -> T:
-        """``work(cursor)`` on a pooled connection, retried as a whole (see ``retried``)."""
-        return retried(self.connection, work, transaction=transaction, policy=policy)
+        """``work(cursor)`` on a pooled connection, retried as a whole (see ``retried``) under
+        ``policy``, else the pool's own (its bound's)."""
+        return retried(self.connection, work, transaction=transaction,
+                       policy=policy or self.policy)
 
     def query(self, sql: str, params: tuple | list = ()) -> list[tuple]:
         """The rows of one read, retried on transient errors."""

@@ -1,0 +1,119 @@
+"""How long the farm waits for a server's answer, per kind of connection: the one place.
+
+Connecting to any server (TCP and handshake, retries included) is bounded by
+FARM_CONNECT_TIMEOUT (``shardfarm.mysql.connect``). Once connected:
+
+- **Status reads** (``farm status``, ``farm sync status``, the dashboard and its
+  ``/metrics``): ``status_bound()``, FARM_STATUS_TIMEOUT seconds (default 10) per call,
+  retries included. The server ends a statement then (``max_statement_time``) and waits
+  that long at most for a lock another session holds (``lock_wait_timeout`` for a
+  ``LOCK TABLES`` or DDL, ``innodb_lock_wait_timeout`` for rows); the socket gives up a
+  second later (a stalled server or network), so a reader never waits for ever and the
+  server never keeps a statement running for a client that left. The caller gets one
+  line: ``StatementTimeoutError``, "did not answer within N s".
+- **Bulk work** (loads, ``LOAD DATA``, reverse rebuilds, exports, DDL, the workers' ledger):
+  ``BULK``, no bound on a statement, which may rightly run for minutes; a worker whose
+  server stalls is covered by its chunk's lease expiring (another worker takes it over).
+- **S3** (``s3_client_options``): workers' uploads and reads wait FARM_CONNECT_TIMEOUT to
+  connect and ``S3_READ_SECONDS`` for each reply, with ``S3_ATTEMPTS`` tries (the
+  chunk is retried later as a whole); a status view's look at ``_SUCCESS`` markers waits
+  FARM_STATUS_TIMEOUT for each and does not retry.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pymysql
+
+from shardfarm.errors import ConfigError, StatementTimeoutError
+from shardfarm.retry import TRANSIENT, RetryPolicy
+from shardfarm.settings import connect_timeout
+
+STATUS_VARIABLE = "FARM_STATUS_TIMEOUT"
+STATUS_DEFAULT = 10.0
+MAX_SECONDS = 3600.0
+SOCKET_MARGIN = 1.0  # the socket waits this much longer than the server's own limits
+S3_READ_SECONDS = 60.0  # one reply of S3 to a worker (a part's upload, a listing page)
+S3_ATTEMPTS = 3  # tries of one S3 call by a worker (botocore's standard retry mode)
+SERVER_TIMEOUT_CODES = frozenset({1969, 1205})  # max_statement_time exceeded; lock wait
+LOST_CODES = frozenset({2006, 2013})  # gone away on a write, lost on a read
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How long one call on a connection may wait for the server: ``seconds`` (``None``:
+    no bound, for bulk work)."""
+
+    seconds: float | None = None
+
+    @property
+    def socket_timeout(self) -> float | None:
+        """PyMySQL's read and write timeout once connected (``None``: none)."""
+        return None if self.seconds is None else self.seconds + SOCKET_MARGIN
+
+    def session(self) -> str:
+        """Assignments to append to a ``SET SESSION`` (``", a = 1, ..."``; empty unbounded).
+        ``max_statement_time`` is MariaDB's (an executable comment MySQL skips)."""
+        if self.seconds is None:
+            return ""
+        whole = max(1, math.ceil(self.seconds))
+        return (f", lock_wait_timeout = {whole}, innodb_lock_wait_timeout = {whole}"
+                f" /*M!100108 , max_statement_time = {self.seconds:g} */")
+
+    def policy(self) -> RetryPolicy:
+        """The retry policy of a call: bounded calls retry only within ``seconds``."""
+        return TRANSIENT if self.seconds is None else RetryPolicy(max_seconds=self.seconds)
+
+    def timed_out(self, exc: BaseException) -> bool:
+        """Whether ``exc`` (a PyMySQL error) is this bound running out: the server ended the
+        statement or its lock wait, or the socket timed out."""
+        if self.seconds is None or not isinstance(exc, pymysql.MySQLError) or not exc.args:
+            return False
+        code = exc.args[0]
+        return code in SERVER_TIMEOUT_CODES or (code in LOST_CODES and "timed out" in str(exc))
+
+    def error(self, where: object, shard: int | None = None) -> StatementTimeoutError:
+        """The one-line error of a call that ran out of this bound on ``where`` (a
+        ``shardfarm.mysql.connect.Where``)."""
+        return StatementTimeoutError(
+            f"MySQL {where} did not answer within {self.seconds:g} s ({STATUS_VARIABLE}): a "
+            "lock held by another session, a slow statement, or a stalled server or network",
+            host=getattr(where, "name", str(where)), shard=shard)
+
+
+BULK = Bound()
+
+
+def status_timeout(env: Mapping[str, str] | None = None) -> float:
+    """FARM_STATUS_TIMEOUT: seconds a status read waits for an answer (default 10)."""
+    env = os.environ if env is None else env
+    text = env.get(STATUS_VARIABLE) or ""
+    if not text:
+        return STATUS_DEFAULT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_SECONDS:  # also refuses nan
+        raise ConfigError(f"bad {STATUS_VARIABLE}: {text[:40]!r} (expected seconds, more "
+                          f"than 0 and at most {MAX_SECONDS:g})")
+    return value
+
+
+def status_bound(env: Mapping[str, str] | None = None) -> Bound:
+    """The bound of status reads (``farm status``, the dashboard, ``/metrics``)."""
+    return Bound(status_timeout(env))
+
+
+def s3_client_options(status: bool = False) -> dict:
+    """botocore ``Config`` keywords: a worker's (``status=False``) or a status view's."""
+    if status:
+        seconds = status_timeout()
+        return {"connect_timeout": seconds, "read_timeout": seconds,
+                "retries": {"total_max_attempts": 1, "mode": "standard"}}
+    return {"connect_timeout": connect_timeout(), "read_timeout": S3_READ_SECONDS,
+            "retries": {"total_max_attempts": S3_ATTEMPTS, "mode": "standard"}}

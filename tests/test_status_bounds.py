@@ -1,0 +1,198 @@
+"""Status reads (``farm status``, the dashboard, ``/metrics``) end within FARM_STATUS_TIMEOUT
+when the control database does not answer: a ``LOCK TABLES`` another session holds (the
+server's lock wait would last a day), or a network that stops forwarding (a frozen TCP
+proxy the test controls). Bulk work keeps statements without a bound."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pymysql
+import pytest
+
+from dashboard.model import Reader
+from farmcore.ledger import Ledger
+from jobs.runtime import Runtime
+from shardfarm.bounds import BULK, Bound, status_bound
+from shardfarm.errors import StatementTimeoutError
+from shardfarm.mysql.dsn import DSN
+from tests.conftest import run_farm
+from tests.dashkit import dashboard, get, make_run
+from tests.proxy import TcpProxy
+
+pytestmark = pytest.mark.usefixtures("park_leftover_runs")
+SECONDS = 2
+
+
+@contextmanager
+def runs_locked(settings) -> Iterator[pymysql.Connection]:
+    """Another session holds ``LOCK TABLES runs WRITE`` on the control database."""
+    dsn = settings.control_dsn
+    conn = pymysql.connect(host=dsn.host, port=dsn.port, user=dsn.user,
+                           password=dsn.password, database=dsn.database, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("LOCK TABLES runs WRITE")
+        yield conn
+    finally:
+        conn.close()  # the lock goes with the session
+
+
+def _waiting_on_the_lock(holder: pymysql.Connection) -> int:
+    """Sessions the server still has waiting for the lock (none once a bound ended them)."""
+    with holder.cursor() as cur:
+        cur.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE() "
+                    "AND state LIKE 'Waiting for table metadata lock%%'")
+        return int(cur.fetchone()[0])
+
+
+def within(seconds: float, fn: Callable[[], object]) -> tuple[BaseException | None, float]:
+    """Run ``fn`` in a thread: the error it raised and how long it took; a failure (not a
+    hang) if it is still running after ``seconds`` (the caller then frees it)."""
+    out: list = []
+
+    def call() -> None:
+        t0 = time.monotonic()
+        try:
+            fn()
+            out.append((None, time.monotonic() - t0))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append((exc, time.monotonic() - t0))
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not out:
+        raise AssertionError(f"still waiting after {seconds:g} s")
+    return out[0]
+
+
+def test_a_status_read_ends_within_the_bound_and_the_server_ends_it_too(settings, ledger):
+    make_run(ledger)
+    rt = Runtime(settings, bound=Bound(SECONDS))
+    try:
+        with runs_locked(settings) as holder:
+            exc, took = within(SECONDS + 8, lambda: Reader(rt).board())
+            assert _waiting_on_the_lock(holder) == 0  # not left waiting for a day
+    finally:
+        rt.close()
+    assert isinstance(exc, StatementTimeoutError), repr(exc)
+    assert SECONDS <= took < SECONDS + 2, took
+    dsn = settings.control_dsn
+    assert str(exc).startswith(
+        f"MySQL control (root@127.0.0.1:3306/{dsn.database}) did not answer within 2 s "
+        "(FARM_STATUS_TIMEOUT)")
+
+
+def test_bulk_statements_have_no_bound(settings, ledger, router, monkeypatch):
+    """A statement longer than the status bound: refused on a status pool, run to the end on
+    the ledger's and the shards' own (a LOAD DATA or an export may run for minutes)."""
+    monkeypatch.setenv("FARM_STATUS_TIMEOUT", "1")
+    status = Ledger(settings.control_dsn, bound=status_bound())
+    try:
+        with pytest.raises(StatementTimeoutError, match="did not answer within 1 s"):
+            status.pool.query("SELECT SLEEP(2.5)")
+    finally:
+        status.close()
+    assert ledger.pool.bound == BULK
+    assert ledger.pool.query("SELECT SLEEP(2.5)") == [(0,)]
+    host = router.host_for(next(router.shardmap.shards()))
+    assert router.query(host, "SELECT SLEEP(2.5)") == [(0,)]
+
+
+def test_the_legacy_position_a_status_view_reads_is_bounded_too(settings):
+    """``farm status`` and the dashboard read the legacy server's binlog position (sync's
+    lag) with the status view's bound; a migration's reader has none."""
+    from loaders.migration.legacy import LegacyReader
+    bounded, bulk = LegacyReader(settings.control_dsn, Bound(1)), LegacyReader(
+        settings.control_dsn)
+    try:
+        with pytest.raises(StatementTimeoutError, match="did not answer within 1 s"):
+            bounded.query("SELECT SLEEP(2.5)")
+        assert bulk.query("SELECT SLEEP(2.5)") == [(0,)]
+    finally:
+        bounded.close()
+        bulk.close()
+
+
+def test_a_frozen_network_ends_a_status_read_within_the_bound(settings, ledger):
+    """The control database behind a proxy that stops forwarding: the read waits for its
+    socket (the bound and a second), not for minutes; once it flows again, reads work."""
+    make_run(ledger)
+    dsn = settings.control_dsn
+    with TcpProxy.start(dsn.port) as proxy:
+        via = DSN.parse(f"mysql://root@127.0.0.1:{proxy.port}/{dsn.database}",
+                        what="FARM_CONTROL_DSN")
+        rt = Runtime(settings.with_(control_dsn=via), bound=Bound(SECONDS))
+        try:
+            reader = Reader(rt)
+            assert reader.board().runs  # connected, its connection pooled
+            proxy.freeze()
+            try:
+                exc, took = within(SECONDS + 8, lambda: reader.run_rows(5))
+            finally:
+                proxy.thaw()
+            assert isinstance(exc, StatementTimeoutError), repr(exc)
+            assert "did not answer within 2 s" in str(exc) and took < SECONDS + 2
+            assert reader.run_rows(5)
+        finally:
+            rt.close()
+
+
+def test_farm_status_says_so_in_one_line(farm_env, settings, ledger):
+    env = {**farm_env, "FARM_STATUS_TIMEOUT": str(SECONDS)}
+    with runs_locked(settings):
+        t0 = time.monotonic()
+        try:
+            out = run_farm(env, "status", timeout=40)
+        except subprocess.TimeoutExpired:
+            pytest.fail("farm status still waiting after 40 s")
+        took = time.monotonic() - t0
+    assert out.returncode == 1 and took < SECONDS + 8, (took, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("farm: error: MySQL control (root@127.0.0.1:3306/")
+    assert "did not answer within 2 s (FARM_STATUS_TIMEOUT)" in lines[0]
+
+
+def test_a_bad_status_timeout_is_one_line(farm_env):
+    out = run_farm({**farm_env, "FARM_STATUS_TIMEOUT": "soon"}, "status")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == ("farm: error: bad FARM_STATUS_TIMEOUT: 'soon' (expected "
+                                  "seconds, more than 0 and at most 3600)")
+
+
+def _pages_fail_fast(url: str) -> None:
+    """``/``, ``/fragment`` and ``/metrics`` each answer 503 within the bound, saying why."""
+    for path in ("", "fragment", "metrics"):
+        t0 = time.monotonic()
+        status, body = get(url + path)
+        took = time.monotonic() - t0
+        assert status == 503 and took < SECONDS + 3, (path, status, took)
+        assert "did not answer within 2 s" in body, body[:500]
+
+
+def test_the_dashboard_answers_while_the_runs_table_is_locked(env, settings, ledger):
+    make_run(ledger)
+    with dashboard({**env, "FARM_STATUS_TIMEOUT": str(SECONDS)}) as (url, _):
+        with runs_locked(settings):
+            _pages_fail_fast(url)
+        assert get(url)[0] == 200  # and it recovers once the lock is gone
+
+
+def test_the_dashboard_answers_while_the_network_is_frozen(env, settings, ledger):
+    make_run(ledger)
+    dsn = settings.control_dsn
+    with TcpProxy.start(dsn.port) as proxy:
+        via = f"mysql://root@127.0.0.1:{proxy.port}/{dsn.database}"
+        with dashboard({**env, "FARM_STATUS_TIMEOUT": str(SECONDS),
+                        "FARM_CONTROL_DSN": via}) as (url, _):
+            assert get(url)[0] == 200  # its connections are pooled now
+            proxy.freeze()
+            status, body = get(url + "fragment")
+            assert status == 503 and "did not answer within 2 s" in body, body[:500]
+            proxy.thaw()
+            assert get(url)[0] == 200
