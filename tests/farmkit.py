@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,6 +24,27 @@ def until(cond: Callable[[], object], timeout: float = 60, every: float = 0.2,
             return value
         time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def within(seconds: float, fn: Callable[[], object]) -> tuple[BaseException | None, float]:
+    """Run ``fn`` in a thread: the error it raised (``None``: none) and how long it took; a
+    failure, not a hang, if it is still running after ``seconds`` (the caller then frees
+    it: a lock released, a proxy thawed or stopped)."""
+    out: list = []
+
+    def call() -> None:
+        t0 = time.monotonic()
+        try:
+            fn()
+            out.append((None, time.monotonic() - t0))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            out.append((exc, time.monotonic() - t0))
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not out:
+        raise AssertionError(f"still waiting after {seconds:g} s")
+    return out[0]
 
 
 def spawn(argv: list[str], env: dict, **kwargs: object) -> subprocess.Popen:

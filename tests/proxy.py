@@ -102,8 +102,10 @@ class TcpProxy:
     def _accept(self) -> None:
         while not self._stop.is_set():
             try:
+                if not select.select([self._listener], [], [], POLL)[0]:
+                    continue  # look at the stop switch again (close does not wake accept)
                 client, _ = self._listener.accept()
-            except OSError:
+            except (OSError, ValueError):
                 return
             self.accepted += 1
             self._keep(client)

@@ -6,9 +6,8 @@ proxy the test controls). Bulk work keeps statements without a bound."""
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pymysql
@@ -22,6 +21,7 @@ from shardfarm.errors import StatementTimeoutError
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import run_farm
 from tests.dashkit import dashboard, get, make_run
+from tests.farmkit import within
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.usefixtures("park_leftover_runs")
@@ -48,26 +48,6 @@ def _waiting_on_the_lock(holder: pymysql.Connection) -> int:
         cur.execute("SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE() "
                     "AND state LIKE 'Waiting for table metadata lock%%'")
         return int(cur.fetchone()[0])
-
-
-def within(seconds: float, fn: Callable[[], object]) -> tuple[BaseException | None, float]:
-    """Run ``fn`` in a thread: the error it raised and how long it took; a failure (not a
-    hang) if it is still running after ``seconds`` (the caller then frees it)."""
-    out: list = []
-
-    def call() -> None:
-        t0 = time.monotonic()
-        try:
-            fn()
-            out.append((None, time.monotonic() - t0))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            out.append((exc, time.monotonic() - t0))
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if not out:
-        raise AssertionError(f"still waiting after {seconds:g} s")
-    return out[0]
 
 
 def test_a_status_read_ends_within_the_bound_and_the_server_ends_it_too(settings, ledger):
