@@ -1,7 +1,9 @@
 """The nightly export calendar: for each table and date an export run wrote, whether the
 destination holds that folder's ``_SUCCESS`` (asked of the destination itself, the one
 place a reader trusts). A marker seen is remembered for a while; a missing one is asked
-again sooner, so a finishing export shows within seconds."""
+again sooner, so a finishing export shows within seconds. A destination is asked with a
+status view's bound (FARM_STATUS_TIMEOUT, no retry), and one that did not answer is not
+asked again for ``MISSING_TTL``: a page waits for it once, not once per cell."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class Calendar:
         self.ledger = ledger
         self._asked: dict[tuple[str, str], tuple[float, bool | None]] = {}
         self._dests: dict[str, Destination] = {}
+        self._silent: dict[str, float] = {}  # destination -> when to ask it again
 
     def cells(self) -> list[Cell]:
         """The newest export run's view of each (destination, table, date), newest dates
@@ -68,12 +71,15 @@ class Calendar:
         hit = self._asked.get((dest, key))
         if hit and time.monotonic() < hit[0]:
             return hit[1]
+        if time.monotonic() < self._silent.get(dest, 0.0):
+            return None  # it did not answer a moment ago
         try:
             if dest not in self._dests:
-                self._dests[dest] = open_destination(dest)
+                self._dests[dest] = open_destination(dest, quick=True)
             found: bool | None = self._dests[dest].exists(key)
         except FarmError:
             found = None
+            self._silent[dest] = time.monotonic() + MISSING_TTL
         ttl = SEEN_TTL if found else MISSING_TTL
         self._asked[(dest, key)] = (time.monotonic() + ttl, found)
         return found

@@ -136,16 +136,17 @@ class Destination(ABC):
         """Fail with one line if the destination cannot be used (called before a run starts)."""
 
 
-def open_destination(url: str) -> Destination:
+def open_destination(url: str, quick: bool = False) -> Destination:
     """The destination of ``s3://bucket/prefix`` or ``file:///abs/dir`` (checked as
-    ``FARM_EXPORT_URL`` and ``--dest`` are: ``export_url_problem``)."""
+    ``FARM_EXPORT_URL`` and ``--dest`` are: ``export_url_problem``); ``quick``: for a
+    status view's look, whose S3 calls wait FARM_STATUS_TIMEOUT and are not retried."""
     problem = export_url_problem(url)
     if problem:
         raise ConfigError(f"bad export destination {redact_url(url)} ({problem})")
     if url.startswith("file://"):
         return FileDestination(Path(unquote(url[len("file://"):])))
     bucket, _, prefix = url[len("s3://"):].partition("/")
-    return S3Destination(bucket, prefix.strip("/"))
+    return S3Destination(bucket, prefix.strip("/"), quick=quick)
 
 
 # -- file:// -------------------------------------------------------------------------------
