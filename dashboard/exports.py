@@ -3,7 +3,9 @@ destination holds that folder's ``_SUCCESS`` (asked of the destination itself, t
 place a reader trusts). A marker seen is remembered for a while; a missing one is asked
 again sooner, so a finishing export shows within seconds. A destination is asked with a
 status view's bound (FARM_STATUS_TIMEOUT, no retry), and one that did not answer is not
-asked again for ``MISSING_TTL``: a page waits for it once, not once per cell."""
+asked again for ``MISSING_TTL``; once a reading of the calendar has spent that bound, the
+cells left are unknown until the next one. A page waits for the destinations one bound
+or two at most, however many cells and destinations it shows."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from exporters.destinations import Destination, open_destination
 from exporters.export import SUCCESS
 from farmcore.ledger import Ledger
+from shardfarm.bounds import status_timeout
 from shardfarm.errors import FarmError
 
 RUNS_LOOKED_AT = 60
@@ -44,7 +47,8 @@ class Calendar:
 
     def cells(self) -> list[Cell]:
         """The newest export run's view of each (destination, table, date), newest dates
-        first."""
+        first; a cell not asked in this reading's time is unknown (``success`` None)."""
+        deadline = time.monotonic() + status_timeout()
         newest: dict[tuple[str, str, str], tuple[str, str]] = {}
         for run_id, run_status, params in self.ledger.pool.query(
                 "SELECT run_id, status, params FROM runs WHERE kind = 'export' "
@@ -53,7 +57,7 @@ class Calendar:
             for table in p.get("kinds") or []:
                 newest.setdefault((p.get("dest", ""), table, p.get("date", "")),
                                   (run_id, run_status))
-        out = [Cell(t, d, dest, self._success(dest, f"{t}/dt={d}/{SUCCESS}"), r, s)
+        out = [Cell(t, d, dest, self._success(dest, f"{t}/dt={d}/{SUCCESS}", deadline), r, s)
                for (dest, t, d), (r, s) in newest.items()]
         return sorted(out, key=lambda c: (c.date, c.table), reverse=True)
 
@@ -67,12 +71,13 @@ class Calendar:
             by.setdefault((c.table, c.date), c)
         return dates, tables, by
 
-    def _success(self, dest: str, key: str) -> bool | None:
+    def _success(self, dest: str, key: str, deadline: float) -> bool | None:
         hit = self._asked.get((dest, key))
         if hit and time.monotonic() < hit[0]:
             return hit[1]
-        if time.monotonic() < self._silent.get(dest, 0.0):
-            return None  # it did not answer a moment ago
+        now = time.monotonic()
+        if now >= deadline or now < self._silent.get(dest, 0.0):
+            return None  # this reading's time is spent, or it did not answer a moment ago
         try:
             if dest not in self._dests:
                 self._dests[dest] = open_destination(dest, quick=True)
