@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from exporters.destinations import Destination, open_destination
 from exporters.export import SUCCESS
 from farmcore.ledger import Ledger
-from shardfarm.bounds import status_timeout
 from shardfarm.errors import FarmError
+from shardfarm.tuning import status_timeout
 
 RUNS_LOOKED_AT = 60
 SEEN_TTL = 300.0

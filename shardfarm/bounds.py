@@ -23,19 +23,17 @@ FARM_CONNECT_TIMEOUT (``shardfarm.mysql.connect``). Once connected:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pymysql
 
-from shardfarm.errors import ConfigError, StatementTimeoutError
+from shardfarm.errors import StatementTimeoutError
 from shardfarm.retry import TRANSIENT, RetryPolicy
 from shardfarm.settings import connect_timeout
+from shardfarm.tuning import status_timeout
 
-STATUS_VARIABLE = "FARM_STATUS_TIMEOUT"
-STATUS_DEFAULT = 10.0
-MAX_SECONDS = 3600.0
+STATUS_VARIABLE = "FARM_STATUS_TIMEOUT"  # parsed with the other tunables (shardfarm.tuning)
 SOCKET_MARGIN = 1.0  # the socket waits this much longer than the server's own limits
 S3_READ_SECONDS = 60.0  # one reply of S3 to a worker (a part's upload, a listing page)
 S3_ATTEMPTS = 3  # tries of one S3 call by a worker (botocore's standard retry mode)
@@ -86,22 +84,6 @@ class Bound:
 
 
 BULK = Bound()
-
-
-def status_timeout(env: Mapping[str, str] | None = None) -> float:
-    """FARM_STATUS_TIMEOUT: seconds a status read waits for an answer (default 10)."""
-    env = os.environ if env is None else env
-    text = env.get(STATUS_VARIABLE) or ""
-    if not text:
-        return STATUS_DEFAULT
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= MAX_SECONDS:  # also refuses nan
-        raise ConfigError(f"bad {STATUS_VARIABLE}: {text[:40]!r} (expected seconds, more "
-                          f"than 0 and at most {MAX_SECONDS:g})")
-    return value
 
 
 def status_bound(env: Mapping[str, str] | None = None) -> Bound:

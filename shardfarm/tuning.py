@@ -75,6 +75,8 @@ def _cron(text: str) -> str:
 TUNABLES: dict[str, Tunable] = {t.name: t for t in [
     Tunable("FARM_CONNECT_TIMEOUT", "10", _number(0, MAX_CONNECT_TIMEOUT),
             f"a number of seconds > 0, at most {MAX_CONNECT_TIMEOUT:g}"),
+    Tunable("FARM_STATUS_TIMEOUT", "10", _number(0, MAX_CONNECT_TIMEOUT),
+            f"a number of seconds > 0, at most {MAX_CONNECT_TIMEOUT:g}"),
     Tunable("FARM_LEASE_SECONDS", "60", _number(0, 86400),
             "a number of seconds > 0, at most 86400"),
     Tunable("FARM_CHUNK_ATTEMPTS", "5", _whole(1, 1000), "a whole number from 1 to 1000"),
@@ -120,6 +122,12 @@ def connect_timeout(env: Mapping[str, str] | None = None) -> float:
     """``FARM_CONNECT_TIMEOUT``: seconds a command waits for a server to answer, in total,
     retries included (default 10)."""
     return value("FARM_CONNECT_TIMEOUT", env)  # type: ignore[return-value]
+
+
+def status_timeout(env: Mapping[str, str] | None = None) -> float:
+    """``FARM_STATUS_TIMEOUT``: seconds a status read (``farm status``, the dashboard) waits
+    for an answer, retries included (default 10); bulk work has no such bound."""
+    return value("FARM_STATUS_TIMEOUT", env)  # type: ignore[return-value]
 
 
 def lease_seconds(env: Mapping[str, str] | None = None) -> float:

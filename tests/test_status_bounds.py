@@ -141,8 +141,8 @@ def test_farm_status_says_so_in_one_line(farm_env, settings, ledger):
 def test_a_bad_status_timeout_is_one_line(farm_env):
     out = run_farm({**farm_env, "FARM_STATUS_TIMEOUT": "soon"}, "status")
     assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == ("farm: error: bad FARM_STATUS_TIMEOUT: 'soon' (expected "
-                                  "seconds, more than 0 and at most 3600)")
+    assert out.stderr.strip() == ("farm: error: bad FARM_STATUS_TIMEOUT: 'soon' (a number of "
+                                  "seconds > 0, at most 3600)")
 
 
 def _pages_fail_fast(url: str) -> None:
