@@ -172,6 +172,21 @@ def env(farm_env, ledger, router) -> dict[str, str]:
     redis.Redis.from_url(e["FARM_REDIS_URL"]).flushdb()
 
 
+@pytest.fixture
+def plain_env(farm_env, ledger) -> dict[str, str]:
+    """The farm environment with the defaults operators get (leases, log level) on an empty
+    Redis database, emptied again after the test."""
+    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
+    yield dict(farm_env)
+    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
+
+
+@pytest.fixture
+def plain_conn(plain_env) -> redis.Redis:
+    """A client of ``plain_env``'s Redis database."""
+    return redis.Redis.from_url(plain_env["FARM_REDIS_URL"])
+
+
 def park_unfinished_runs(ledger, keep: set[str] = frozenset()) -> None:
     """Pause every unfinished run of the session's ledger but ``keep``: no worker of a later
     test runs their chunks, and ``farm retry-failed`` leaves them alone."""

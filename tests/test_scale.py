@@ -8,7 +8,6 @@ import logging
 import time
 
 import pytest
-import redis
 from rq import Worker
 
 from dashboard import actions
@@ -20,15 +19,15 @@ from workers.supervisor import MAX_WORKERS, Supervisor, read_desired
 
 
 @pytest.fixture
-def env(farm_env, ledger):
-    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
-    yield dict(farm_env)
-    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
+def env(plain_env):
+    """The farm's environment as operators set it (``plain_env``)."""
+    return plain_env
 
 
 @pytest.fixture
-def conn(env):
-    return redis.Redis.from_url(env["FARM_REDIS_URL"])
+def conn(plain_conn):
+    """Its Redis (``plain_conn``)."""
+    return plain_conn
 
 
 @pytest.mark.parametrize("value", ["abc", "2.5", "-1", str(MAX_WORKERS + 1), "9" * 5000, "\xff"])

@@ -27,15 +27,15 @@ UNREADABLE = [("status", "bogus"), ("created_at", "garbage"), ("timeout", "abc")
 
 
 @pytest.fixture
-def env(farm_env, ledger):
-    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
-    yield dict(farm_env)
-    redis.Redis.from_url(farm_env["FARM_REDIS_URL"]).flushdb()
+def env(plain_env):
+    """The farm's environment as operators set it (``plain_env``)."""
+    return plain_env
 
 
 @pytest.fixture
-def conn(env):
-    return redis.Redis.from_url(env["FARM_REDIS_URL"])
+def conn(plain_conn):
+    """Its Redis (``plain_conn``)."""
+    return plain_conn
 
 
 def _enqueue(conn: redis.Redis, key: str, value: int) -> str:
