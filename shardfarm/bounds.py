@@ -30,8 +30,7 @@ import pymysql
 
 from shardfarm.errors import StatementTimeoutError
 from shardfarm.retry import TRANSIENT, RetryPolicy
-from shardfarm.settings import connect_timeout
-from shardfarm.tuning import status_timeout
+from shardfarm.tuning import connect_timeout, status_timeout
 
 STATUS_VARIABLE = "FARM_STATUS_TIMEOUT"  # parsed with the other tunables (shardfarm.tuning)
 SOCKET_MARGIN = 1.0  # the socket waits this much longer than the server's own limits

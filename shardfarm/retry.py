@@ -30,7 +30,7 @@ from tenacity import (
 )
 
 from shardfarm.errors import RetryableError, UnreachableError
-from shardfarm.settings import connect_timeout
+from shardfarm.tuning import connect_timeout
 
 T = TypeVar("T")
 log = logging.getLogger("shardfarm.retry")

@@ -100,12 +100,6 @@ class Settings:
         }
 
 
-def connect_timeout(env: Mapping[str, str] | None = None) -> float:
-    """``FARM_CONNECT_TIMEOUT`` (default 10): seconds a command waits for a server to answer
-    before it gives up, in total, retries included (checked by ``shardfarm.tuning``)."""
-    return tuning.connect_timeout(env)
-
-
 def _checked(key: str, parse: Callable[[str], T], text: str, flagged: bool) -> T:
     """``parse(text)``; a bad value given as a flag is a ``UsageError`` naming the flag."""
     try:

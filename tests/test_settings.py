@@ -80,7 +80,7 @@ def test_good_redis_urls_pass_and_hide_the_password(url):
 
 
 def test_connect_timeout_setting(monkeypatch):
-    from shardfarm.settings import connect_timeout
+    from shardfarm.tuning import connect_timeout
     assert Settings.from_env({}).connect_timeout == 10
     assert Settings.from_env({"FARM_CONNECT_TIMEOUT": "2.5"}).connect_timeout == 2.5
     monkeypatch.setenv("FARM_CONNECT_TIMEOUT", "4")

@@ -34,7 +34,7 @@ from shardfarm.errors import (
     UnreachableError,
 )
 from shardfarm.mysql.dsn import NAMES
-from shardfarm.settings import connect_timeout
+from shardfarm.tuning import connect_timeout
 
 # 2006 gone away, 2013 lost connection, 1213 deadlock, 1205 lock wait timeout,
 # 1927 connection killed, 1053 server shutdown, 4031 idle disconnect, 2014 out of sync.
