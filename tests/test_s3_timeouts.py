@@ -6,6 +6,9 @@ waits for it once per page, within FARM_STATUS_TIMEOUT."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
 
@@ -16,6 +19,7 @@ from exporters import s3 as s3mod
 from exporters.destinations import DestinationError, S3Destination
 from shardfarm import bounds
 from shardfarm.errors import RetryableError
+from tests.conftest import run_farm
 from tests.farmkit import within
 from tests.proxy import TcpProxy
 
@@ -116,3 +120,21 @@ def test_the_dashboard_page_answers_while_s3_is_silent(silent_s3, rt):
         as_text=True)
     metrics = client.get("/metrics")
     assert metrics.status_code == 200 and b"shardfarm_run_chunks" in metrics.data
+
+
+def test_farm_export_fails_within_the_status_bound_when_s3_is_silent(silent_s3, env):
+    """The planner checks the bucket once, within FARM_STATUS_TIMEOUT (before, with a worker's
+    client, ``farm export`` sat for minutes saying nothing), and exits 1 with one line."""
+    run_env = {**env, **{k: os.environ[k] for k in ("FARM_STATUS_TIMEOUT", "AWS_ENDPOINT_URL",
+                                                    "AWS_ACCESS_KEY_ID", "AWS_DEFAULT_REGION",
+                                                    "AWS_SECRET_ACCESS_KEY")},
+               "FARM_LOG_LEVEL": "WARNING"}  # an operator's default
+    start = time.monotonic()
+    out = run_farm(run_env, "export", "--date", "2026-11-20", "--dest",
+                   "s3://silent-bucket/nightly", timeout=100)
+    took = time.monotonic() - start
+    assert out.returncode == 1 and took < SECONDS + 15, (out, took)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "S3 bucket silent-bucket: no answer from http://127.0.0.1:" in \
+        lines[0] and f"within {SECONDS} s" in lines[0], out.stderr
+    assert silent_s3.accepted == 1  # not retried
