@@ -20,6 +20,7 @@ from dashboard.actions import ActionRefused, Guard
 from dashboard.exports import Calendar
 from dashboard.model import Reader
 from jobs.runtime import Runtime
+from shardfarm.bounds import redis_error_line
 from shardfarm.errors import FarmError, RetryableError
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,10 @@ def _answers(app: Flask) -> None:
     @app.errorhandler(ActionRefused)
     def refused(exc: ActionRefused) -> tuple[str, int]:
         return render_template("refused.html", why=str(exc)), exc.status
+
+    @app.errorhandler(redis.RedisError)
+    def redis_error(exc: redis.RedisError) -> tuple[str, int]:
+        return render_template("refused.html", why=redis_error_line(exc)), 503
 
     @app.errorhandler(FarmError)
     def farm_error(exc: FarmError) -> tuple[str, int]:

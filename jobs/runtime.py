@@ -61,8 +61,8 @@ class Runtime:
 
     @cached_property
     def redis(self) -> redis.Redis:
-        """The farm's Redis."""
-        return self.settings.redis()
+        """The farm's Redis; a status view's waits for each reply as long as its bound."""
+        return self.settings.redis(socket_timeout=self.bound.socket_timeout)
 
     def close(self) -> None:
         """Release pooled connections that were opened."""

@@ -56,9 +56,8 @@ class FarmGroup(click.Group):
             click.echo(f"farm: error: {exc}", err=True)
             sys.exit(1)
         except redis.RedisError as exc:
-            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            click.echo(f"farm: error: Redis: {first} (check FARM_REDIS_URL and that Redis "
-                       "is running)", err=True)
+            from shardfarm.bounds import redis_error_line  # pymysql only when needed
+            click.echo(f"farm: error: {redis_error_line(exc)}", err=True)
             sys.exit(1)
 
 

@@ -14,6 +14,8 @@ FARM_CONNECT_TIMEOUT (``shardfarm.mysql.connect``). Once connected:
 - **Bulk work** (loads, ``LOAD DATA``, reverse rebuilds, exports, DDL, the workers' ledger):
   ``BULK``, no bound on a statement, which may rightly run for minutes; a worker whose
   server stalls is covered by its chunk's lease expiring (another worker takes it over).
+- **Redis**: connecting waits FARM_CONNECT_TIMEOUT; a status view's runtime waits its bound
+  (and a second) for each reply, workers no time (they block on their queues).
 - **S3** (``s3_client_options``): workers' uploads and reads wait FARM_CONNECT_TIMEOUT to
   connect and ``S3_READ_SECONDS`` for each reply, with ``S3_ATTEMPTS`` tries (the
   chunk is retried later as a whole); a status view's look at ``_SUCCESS`` markers waits
@@ -27,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pymysql
+import redis
 
 from shardfarm.errors import StatementTimeoutError
 from shardfarm.retry import TRANSIENT, RetryPolicy
@@ -98,3 +101,12 @@ def s3_client_options(status: bool = False) -> dict:
                 "retries": {"total_max_attempts": 1, "mode": "standard"}}
     return {"connect_timeout": connect_timeout(), "read_timeout": S3_READ_SECONDS,
             "retries": {"total_max_attempts": S3_ATTEMPTS, "mode": "standard"}}
+
+
+def redis_error_line(exc: redis.RedisError) -> str:
+    """One line for a Redis error a command or a page shows, saying what to check."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if isinstance(exc, redis.TimeoutError):
+        return (f"Redis: {first} (no answer within FARM_CONNECT_TIMEOUT to connect, or "
+                f"{STATUS_VARIABLE} for a status read: check FARM_REDIS_URL and the network)")
+    return f"Redis: {first} (check FARM_REDIS_URL and that Redis is running)"

@@ -76,10 +76,12 @@ class Settings:
             connect_timeout=tuning.connect_timeout(env),
         )
 
-    def redis(self) -> redis.Redis:
-        """A client of the farm's Redis whose connecting is bounded by ``connect_timeout``
-        (reads are not: workers block on their queues)."""
-        return redis.Redis.from_url(self.redis_url, socket_connect_timeout=self.connect_timeout)
+    def redis(self, socket_timeout: float | None = None) -> redis.Redis:
+        """A client of the farm's Redis whose connecting is bounded by ``connect_timeout``;
+        its replies by ``socket_timeout`` if given (a status view's: not the workers', who
+        block on their queues)."""
+        return redis.Redis.from_url(self.redis_url, socket_connect_timeout=self.connect_timeout,
+                                    socket_timeout=socket_timeout)
 
     def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed."""

@@ -1,7 +1,8 @@
 """Status reads (``farm status``, the dashboard, ``/metrics``) end within FARM_STATUS_TIMEOUT
 when the control database does not answer: a ``LOCK TABLES`` another session holds (the
 server's lock wait would last a day), or a network that stops forwarding (a frozen TCP
-proxy the test controls). Bulk work keeps statements without a bound."""
+proxy the test controls), or when Redis does not answer. Bulk work keeps statements
+without a bound."""
 
 from __future__ import annotations
 
@@ -176,3 +177,48 @@ def test_the_dashboard_answers_while_the_network_is_frozen(env, settings, ledger
             assert status == 503 and "did not answer within 2 s" in body, body[:500]
             proxy.thaw()
             assert get(url)[0] == 200
+
+
+def _via(url: str, port: int) -> str:
+    """``url`` (the farm's Redis) through a proxy listening on ``port``."""
+    return url.replace("127.0.0.1:6379", f"127.0.0.1:{port}", 1)
+
+
+def test_farm_status_ends_within_the_bound_when_redis_does_not_answer(env, ledger):
+    """Redis accepts the connection and never replies: ``farm status`` gives up after the
+    bound with one line (before, it waited for ever on its first Redis read)."""
+    make_run(ledger)
+    proxy = TcpProxy.silent()
+    try:
+        run_env = {**env, "FARM_STATUS_TIMEOUT": str(SECONDS),
+                   "FARM_REDIS_URL": _via(env["FARM_REDIS_URL"], proxy.port)}
+        t0 = time.monotonic()
+        try:
+            out = run_farm(run_env, "status", timeout=40)
+        except subprocess.TimeoutExpired:
+            pytest.fail("farm status still waiting for Redis after 40 s")
+        took = time.monotonic() - t0
+    finally:
+        proxy.stop()
+    assert out.returncode == 1 and took < SECONDS + 8, (took, out.stderr)
+    lines = [x for x in out.stderr.strip().splitlines() if x.startswith("farm:")]
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert lines[0].startswith("farm: error: Redis: Timeout") and "FARM_STATUS_TIMEOUT" in \
+        lines[0], lines[0]
+
+
+def test_the_dashboard_answers_while_redis_is_frozen(env, ledger):
+    make_run(ledger)
+    proxy = TcpProxy.start(6379)
+    page_env = {**env, "FARM_STATUS_TIMEOUT": str(SECONDS),
+                "FARM_REDIS_URL": _via(env["FARM_REDIS_URL"], proxy.port)}
+    with proxy, dashboard(page_env) as (url, _):
+        assert get(url)[0] == 200  # its Redis connection is open now
+        proxy.freeze()
+        t0 = time.monotonic()
+        status, body = get(url + "fragment")
+        took = time.monotonic() - t0
+        assert status == 503 and "Redis: Timeout" in body and took < SECONDS + 3, (
+            status, took, body[:500])
+        proxy.thaw()
+        assert get(url)[0] == 200
