@@ -29,8 +29,9 @@ class App:
 
     @cached_property
     def viewer(self) -> Runtime:
-        """A runtime for status views (``farm status``, the dashboard): its control-database
-        statements end within FARM_STATUS_TIMEOUT (``shardfarm.bounds``)."""
+        """A runtime for status views (``farm status``, ``runs``, ``summary``, ``failed``,
+        ``quarantine``, the dashboard): its control-database statements and Redis replies
+        end within FARM_STATUS_TIMEOUT (``shardfarm.bounds``)."""
         rt = Runtime(self.settings, bound=status_bound())
         self._closers.append(rt.close)
         return rt

@@ -92,7 +92,7 @@ def mismatches(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
 @farm_options
 def quarantine(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
     """List quarantined legacy rows with their table, legacy key and reason."""
-    ledger = app.runtime.ledger
+    ledger = app.viewer.ledger
     run_id = ledger.run_or_latest(run_id, "migrate", "no migrate run yet")
     rows = ledger.quarantine.rows(run_id, limit)
     for r in rows:

@@ -65,10 +65,10 @@ def runs_cmd(ctx: click.Context, **options: object) -> None:
 @farm_options
 def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
     """The body of ``farm runs`` (the group's own listing)."""
-    listed = app.runtime.ledger.list_runs(kind, limit)
+    listed = app.viewer.ledger.list_runs(kind, limit)
     if not as_json:
         echo_lines(runs_lines(listed))
-        echo_lines([size_line(ledger_size.size(app.runtime.ledger.pool))])
+        echo_lines([size_line(ledger_size.size(app.viewer.ledger.pool))])
         return
     for r in listed:
         emit({**r, "created_at": str(r["created_at"]),
@@ -120,7 +120,7 @@ def resume(app: App, run_id: str, wait: bool, as_json: bool) -> None:
 def summary(app: App, run_id: str, as_json: bool) -> None:
     """A run's summary: a few lines on a terminal, else (or with --json) its JSON line, with
     every board a rebalance moved and every part an export left unchanged."""
-    show_summary(app.runtime, run_id, as_json)
+    show_summary(app.viewer, run_id, as_json)
 
 
 @click.command("pause")
@@ -148,10 +148,10 @@ def unpause(app: App, run_id: str) -> None:
 def failed(app: App, run_id: str | None, as_json: bool) -> None:
     """List failed chunks (and failed enqueued items) with their reasons."""
     if run_id:
-        app.runtime.ledger.run(run_id)  # a mistyped run is an error, not "no failures"
-    rows = app.runtime.ledger.failures(run_id)
+        app.viewer.ledger.run(run_id)  # a mistyped run is an error, not "no failures"
+    rows = app.viewer.ledger.failures(run_id)
     if not run_id:
-        rows += status.failed_items(app.runtime)
+        rows += status.failed_items(app.viewer)
     for r in rows:
         if as_json:
             emit(r)
