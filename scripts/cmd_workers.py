@@ -9,6 +9,7 @@ import click
 from jobs.policy import JobPolicy
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, CommaList, emit, farm_options
+from shardfarm.errors import FarmError
 from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
 
 
@@ -35,10 +36,17 @@ def workers(app: App, count: int, burst: bool, queues: list[str], metrics_port: 
     SIGUSR1 / SIGUSR2: one worker more / fewer. 'farm scale N' from any machine
     sets the count every supervisor converges to (and overrides --count).
     """
+    if burst and count == 0:
+        raise click.UsageError("--burst with --count 0 would run nothing (give --count 1 or "
+                               "more)")
     policy = JobPolicy.from_env(flags=allow_modules)
     sup = Supervisor(app.settings, count, queues, burst=burst,
                      policy=policy, metrics_port=metrics_port, metrics_addr=metrics_addr)
-    raise SystemExit(sup.run())
+    code = sup.run()
+    if code:
+        raise FarmError(f"{len(sup.ended_badly)} worker(s) ended badly ("
+                        f"{', '.join(sup.ended_badly[:5])}); a chunk one held is taken over "
+                        "when its lease expires ('farm status', 'farm failed')")
 
 
 @click.command("scale")

@@ -36,6 +36,8 @@ TICK = 0.5
 MAINTENANCE_EVERY = 3.0
 COLD_GRACE = 3.0
 OBSERVE_EVERY = 2.0
+FAST_FAIL = 10.0  # a worker that exits with an error this soon after starting "fails to start"
+MAX_RESPAWN_PAUSE = 30.0
 MAX_WORKERS = 1000  # per supervisor: 'farm workers --count', 'farm scale', the dashboard's scale
 _refused: dict[str, bytes] = {}  # scale keys whose value was ignored (warned once)
 
@@ -100,6 +102,10 @@ class Supervisor:
     metrics_addr: str = "127.0.0.1"
     metrics: SupervisorMetrics | None = None
     _observed: float = 0.0
+    ended_badly: list[str] = field(default_factory=list)  # "pid 12: exit code 1", ...
+    _started: dict[int, float] = field(default_factory=dict)
+    _failing: int = 0  # workers in a row that exited on their own soon after starting
+    _spawn_after: float = 0.0
 
     def __post_init__(self) -> None:
         self.rt = Runtime(self.settings)
@@ -142,9 +148,31 @@ class Supervisor:
 
     # -- children -----------------------------------------------------------------------
     def alive(self) -> list[subprocess.Popen]:
-        """Children that have not exited, reaping those that did."""
-        self.children = [c for c in self.children if c.poll() is None]
+        """Children that have not exited, reaping those that did (and noting which ended
+        badly: ``ended_badly``)."""
+        for child in [c for c in self.children if c.poll() is not None]:
+            self._reaped(child)
+        self.children = [c for c in self.children if c.returncode is None]
         return self.children
+
+    def _reaped(self, child: subprocess.Popen) -> None:
+        """Note how ``child`` ended. A worker that exits on its own with an error soon after
+        it started (a configuration only the worker checks) is restarted after a growing
+        pause, not in a loop; a killed one (a crash, the OOM killer) at once."""
+        started = self._started.pop(child.pid, time.monotonic())
+        code = child.returncode
+        self._retiring.discard(child.pid)
+        if code == 0:
+            self._failing = 0
+            return
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        self.ended_badly.append(f"pid {child.pid}: {how}")
+        log.warning("worker %d ended (%s)", child.pid, how)
+        if code > 0 and time.monotonic() - started < FAST_FAIL:
+            self._failing += 1
+            pause = min(MAX_RESPAWN_PAUSE, 2.0 ** self._failing)
+            self._spawn_after = time.monotonic() + pause
+            log.warning("workers fail as they start; the next starts in %g s", pause)
 
     def spawn(self) -> None:
         """Start one worker process."""
@@ -153,7 +181,9 @@ class Supervisor:
         cmd = [sys.executable, "-P", "-m", "workers.worker", "--queues", ",".join(self.queues)]
         if self.burst:
             cmd.append("--burst")
-        self.children.append(subprocess.Popen(cmd, env=self._child_env()))
+        child = subprocess.Popen(cmd, env=self._child_env())
+        self._started[child.pid] = time.monotonic()
+        self.children.append(child)
 
     def _child_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -170,8 +200,9 @@ class Supervisor:
     def converge(self) -> None:
         """Start or stop (warm) workers until ``desired`` are running."""
         live = [c for c in self.alive() if c.pid not in self._retiring]
-        for _ in range(self.desired - len(live)):
-            self.spawn()
+        if time.monotonic() >= self._spawn_after:
+            for _ in range(self.desired - len(live)):
+                self.spawn()
         for child in live[self.desired:][::-1]:
             child.send_signal(signal.SIGTERM)
             self._retiring.add(child.pid)
@@ -198,7 +229,8 @@ class Supervisor:
                 self._observed = time.monotonic()
 
     def run(self) -> int:
-        """Supervise until stopped (or, in burst mode, until every worker is done)."""
+        """Supervise until stopped (or, in burst mode, until every worker is done). Exit
+        status 1 when a burst's worker ended badly (``ended_badly``: killed, or an error)."""
         self.install_signals()
         if self.metrics:
             self.metrics.serve(self.metrics_port, self.metrics_addr)
@@ -213,7 +245,7 @@ class Supervisor:
                 if self.stopping or self.burst:
                     self._enforce_cold_stop()
                     if not self.alive():
-                        return 0
+                        return 1 if self.burst and self.ended_badly else 0
                 else:
                     self.poll_remote()
                     self.converge()

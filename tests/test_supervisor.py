@@ -1,0 +1,84 @@
+"""The supervisor's own promises (``workers/supervisor.py``): a burst whose worker ends badly
+exits 1 and names it; a worker that fails as it starts is restarted after a growing pause,
+not in a loop, while a killed one is replaced at once; ``--burst --count 0`` is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from farmcore.ledger import ChunkSpec
+from jobs import runs
+from tests.conftest import park_unfinished_runs, run_farm
+from tests.farmkit import children, output, start_workers, until
+from workers.supervisor import MAX_RESPAWN_PAUSE, Supervisor
+
+
+def test_a_burst_of_no_workers_is_a_usage_error(farm_env):
+    out = run_farm(farm_env, "workers", "--burst", "--count", "0", timeout=60)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.splitlines() == [
+        "farm: error: --burst with --count 0 would run nothing (give --count 1 or more) (see "
+        "'farm workers --help')"]
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
+def test_a_burst_whose_worker_is_killed_mid_chunk_exits_1_naming_it(rt, env):
+    """Before, the supervisor saw no worker left and exited 0: a burst that did not finish
+    its work looked like one that did."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 300})])
+    park_unfinished_runs(rt.ledger, keep={run_id})  # the worker takes this run's chunk
+    proc = start_workers(env, 1, "--burst")
+    try:
+        until(lambda: rt.ledger.chunk(run_id, 0)["state"] == "running", timeout=60,
+              what="the worker to claim the chunk")
+        (worker,) = children(proc.pid)
+        os.kill(worker, signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = [x for x in output(proc).splitlines() if x.startswith("farm: error:")]
+    assert lines == [f"farm: error: 1 worker(s) ended badly (pid {worker}: killed by SIGKILL); "
+                     "a chunk one held is taken over when its lease expires ('farm status', "
+                     "'farm failed')"], output(proc)
+
+
+def _ended(sup: Supervisor, *code: str) -> subprocess.Popen:
+    """A real child of ``sup`` that ran ``code`` and has exited, reaped by ``sup``."""
+    child = subprocess.Popen([sys.executable, "-c", "\n".join(code)])
+    sup._started[child.pid] = time.monotonic()
+    sup.children.append(child)
+    child.wait(timeout=30)
+    sup.alive()
+    return child
+
+
+def test_a_worker_that_fails_as_it_starts_is_restarted_after_a_growing_pause(settings):
+    sup = Supervisor(settings, 1, ["farm"])
+    first = _ended(sup, "raise SystemExit(1)")
+    assert sup.ended_badly == [f"pid {first.pid}: exit code 1"]
+    pause = sup._spawn_after - time.monotonic()
+    assert 1 < pause <= 2
+    sup.converge()
+    assert sup.children == []  # not restarted during the pause
+    _ended(sup, "raise SystemExit(3)")
+    assert 2 < sup._spawn_after - time.monotonic() <= 4  # the pause grows
+    for _ in range(10):
+        _ended(sup, "raise SystemExit(1)")
+    assert sup._spawn_after - time.monotonic() <= MAX_RESPAWN_PAUSE  # up to a bound
+
+
+def test_a_killed_worker_is_replaced_at_once(settings):
+    sup = Supervisor(settings, 1, ["farm"])
+    killed = _ended(sup, "import os, signal", "os.kill(os.getpid(), signal.SIGKILL)")
+    assert sup.ended_badly == [f"pid {killed.pid}: killed by SIGKILL"]
+    assert sup._spawn_after <= time.monotonic()
+    fine = _ended(sup, "pass")
+    assert fine.returncode == 0 and len(sup.ended_badly) == 1
