@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pymysql
@@ -46,6 +47,16 @@ os.environ["FARM_JOB_MODULES"] = "tests.kinds"
 def ns_db(base: str) -> str:
     """The name of a test database on the shared server, in this suite's namespace."""
     return f"{base}{NS}" if NS else base
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Each namespace's temporary files under a base of its own (unless ``--basetemp`` is
+    given): pytest keeps only a user's three newest numbered bases and deletes older ones,
+    so suites started beside a running one deleted its files (its private mariadbd's data,
+    mid-test)."""
+    if not config.option.basetemp:
+        config.option.basetemp = str(Path(tempfile.gettempdir()) / f"shardfarm-pytest-ns{NS}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
