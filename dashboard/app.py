@@ -33,9 +33,13 @@ HEADERS = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestor
            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
 
-def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
-    """The application over one runtime (ledger, Redis) and one action guard; ``warm``: read
-    the first page's runs in the background now, so the first visitor waits less."""
+def create_app(rt: Runtime, guard: Guard, warm: bool = False,
+               actor: Runtime | None = None) -> Flask:
+    """The application over one runtime (ledger, Redis: its reads, bounded as a status view's)
+    and one action guard; ``actor``: the runtime actions run with (default ``rt``; the
+    dashboard gives them its command's own, unbounded like the ``farm`` command each mirrors:
+    a retry of many chunks is not cut short at FARM_STATUS_TIMEOUT); ``warm``: read the
+    first page's runs in the background now, so the first visitor waits less."""
     app = Flask(__name__)
     # signs the cookie that carries an action's result to the next page: the page shows only
     # what an action of this process said, not a text put in its address by anyone
@@ -83,7 +87,7 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False) -> Flask:
     def act() -> Response:
         guard.check(_token_of(request))
         req = actions.Request.parse(request.form.to_dict())
-        done = actions.perform(rt, req)
+        done = actions.perform(actor or rt, req)
         log.info("dashboard action: %s (from %s)", done, request.remote_addr)
         flash(done)
         return redirect("/", code=303)

@@ -36,10 +36,12 @@ def guard_from(allow: bool, token: str | None) -> Guard:
     return Guard(allow=allow, token=token or os.environ.get(TOKEN_ENV) or None)
 
 
-def serve(rt: Runtime, bind: str, guard: Guard, ready: Callable[[str], None] | None = None) -> None:
-    """Serve until interrupted. A port in use or a host that does not resolve is one line."""
+def serve(rt: Runtime, bind: str, guard: Guard, ready: Callable[[str], None] | None = None,
+          actor: Runtime | None = None) -> None:
+    """Serve until interrupted (pages read with ``rt``, actions done with ``actor``: see
+    ``create_app``). A port in use or a host that does not resolve is one line."""
     host, port = parse_bind(bind)
-    app = create_app(rt, guard, warm=True)
+    app = create_app(rt, guard, warm=True, actor=actor)
     try:
         server = create_server(app, host=host, port=port, threads=THREADS, ident="shardfarm")
     except OSError as exc:

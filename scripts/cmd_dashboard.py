@@ -23,7 +23,7 @@ def dashboard(app: App, bind: str, allow_actions: bool, token: str | None) -> No
     """Serve the live dashboard (runs, workers, queues, exports) and Prometheus /metrics."""
     from dashboard.serve import guard_from, serve  # Flask and waitress: only for this command
     guard = guard_from(allow_actions, token)
-    serve(app.viewer, bind, guard,
+    serve(app.viewer, bind, guard, actor=app.runtime if guard.allow else None,
           ready=lambda url: click.echo(f"dashboard on {url} (Ctrl-C stops it)", err=True))
 
 

@@ -7,7 +7,9 @@ without a bound."""
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,7 +24,7 @@ from shardfarm.errors import StatementTimeoutError
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import run_farm
 from tests.dashkit import dashboard, get, make_run
-from tests.farmkit import within
+from tests.farmkit import until, within
 from tests.proxy import TcpProxy
 
 pytestmark = pytest.mark.usefixtures("park_leftover_runs")
@@ -230,3 +232,29 @@ def test_the_dashboard_answers_while_redis_is_frozen(env, ledger):
             status, took, body[:500])
         proxy.thaw()
         assert get(url)[0] == 200
+
+
+def _waiting_since(holder: pymysql.Connection) -> float:
+    """The moment a session was first seen waiting for ``holder``'s lock."""
+    until(lambda: _waiting_on_the_lock(holder) > 0, timeout=20, what="a session to wait")
+    return time.monotonic()
+
+
+def test_a_dashboard_action_is_not_cut_short_by_the_status_bound(env, settings, ledger):
+    """Actions run as their ``farm`` commands do: a retry that waits longer than
+    FARM_STATUS_TIMEOUT for a lock completes (pages keep their bound)."""
+    run_id = make_run(ledger, done=0, failed=2, pending=0)
+    page_env = {**env, "FARM_STATUS_TIMEOUT": str(SECONDS), "FARM_DASHBOARD_TOKEN": "tok"}
+    with dashboard(page_env, "--allow-actions") as (url, _):
+        form = urllib.parse.urlencode({"action": "retry-failed", "run_id": run_id,
+                                       "token": "tok"}).encode()
+        with runs_locked(settings, "chunks") as holder:
+            answer: list = []
+            post = threading.Thread(target=lambda: answer.append(get(url + "action", form)))
+            post.start()
+            since = _waiting_since(holder)
+            until(lambda: time.monotonic() - since > SECONDS + 1.5, what="the bound to pass")
+            assert _waiting_on_the_lock(holder) == 1  # still waiting: not ended at the bound
+        post.join(timeout=30)
+    assert answer and answer[0][0] == 303, answer
+    assert ledger.chunk(run_id, 0)["state"] == "pending"  # given back
