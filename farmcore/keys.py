@@ -24,6 +24,19 @@ def items_queued(queue: str) -> str:
     return f"{PREFIX}:items:{queue}"
 
 
+def job_items(queue: str) -> str:
+    """Hash of the jobs of ``queue`` whose items are counted in ``items_queued``: rq job ID ->
+    how many items it carries. Written with the job, removed when its items are counted out
+    (done, settled, or reaped when the job's data was lost); what housekeeping sweeps for jobs
+    whose rq hash is gone or overwritten."""
+    return f"{PREFIX}:jobitems:{queue}"
+
+
+def lost_sweep(queue: str) -> str:
+    """Where housekeeping's sweep of ``job_items`` resumes (an HSCAN cursor)."""
+    return f"{PREFIX}:lostsweep:{queue}"
+
+
 def item_progress(job_id: str) -> str:
     """How many items of a multi-item job are already done (resume point after a crash)."""
     return f"{PREFIX}:progress:{job_id}"

@@ -18,6 +18,15 @@ Three moments of an item's life change the books:
 - **settle** (an rq job that failed for good): removed from rq's failed
   registry once, its unfinished items recorded in ``farm failed`` with the
   reason, counted out and released.
+- **reap** (a job whose rq hash is gone or is not a hash: deleted, evicted, overwritten,
+  a partial restore): its unfinished items are counted out, those whose dedup entry
+  still names it are recorded in ``farm failed`` ("job data lost or overwritten in
+  Redis") and released, and the rest, whose IDs went with the job, are one record of
+  the job saying how many were lost.
+
+Which jobs hold counted items, and how many, is ``keys.job_items`` (job ID -> items),
+written by commit and removed by whichever of advance (at the end), settle or reap
+comes first: that entry is what makes each job count out once, whatever races.
 """
 
 from __future__ import annotations
@@ -40,17 +49,18 @@ DEDUP_BUCKETS = 1 << 16
 MAX_RECORD_ARGS = 4000  # bytes of arguments kept in a failure record
 JOB_PREFIX = FarmJob.redis_job_namespace_prefix
 
-# KEYS: counter, failed items. ARGV: job id, rq job key prefix, items to count, holder (the
-# job the items come from, or ''), n ids, (dedup bucket, id) per id, n commands, then per
-# command: argc, args... An item is a duplicate while a live job other than the holder carries
-# it; otherwise its entry (re)points to the new job. Nothing is written if any is a duplicate.
+# KEYS: counter, failed items, jobs holding items. ARGV: job id, rq job key prefix, items to
+# count, holder (the job the items come from, or ''), n ids, (dedup bucket, id) per id, n
+# commands, then per command: argc, args... An item is a duplicate while a live job (a hash)
+# other than the holder carries it; otherwise its entry (re)points to the new job. Nothing is
+# written if any is a duplicate.
 _COMMIT = Script(None, b"""
 local jid, prefix, holder = ARGV[1], ARGV[2], ARGV[4]
 local n = tonumber(ARGV[5])
 local dups = {}
 for i = 1, n do
   local h = redis.call('HGET', ARGV[4 + 2 * i], ARGV[5 + 2 * i])
-  if h and h ~= holder and redis.call('EXISTS', prefix .. h) == 1 then
+  if h and h ~= holder and redis.call('TYPE', prefix .. h).ok == 'hash' then
     dups[#dups + 1] = ARGV[5 + 2 * i]
   end
 end
@@ -66,14 +76,17 @@ for c = 1, tonumber(ARGV[p]) do
   p = p + 1 + argc
 end
 redis.call('INCRBY', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[3], jid, ARGV[3])
 return {}
 """)
 
-# KEYS: progress, counter, rq job. ARGV: job id, new progress, items in the job, ttl,
-# (dedup bucket, id) pairs to release... A job marked done (or gone) moves nothing: a zombie
-# cannot count twice.
+# KEYS: progress, counter, rq job, jobs holding items. ARGV: job id, new progress, items in
+# the job, ttl, (dedup bucket, id) pairs to release... Only a job that still holds counted
+# items (its entry in KEYS[4]) and is a hash not marked done moves: a zombie, or a job whose
+# items were settled or reaped meanwhile, cannot count twice.
 _ADVANCE = Script(None, b"""
-if redis.call('EXISTS', KEYS[3]) == 0 or redis.call('HEXISTS', KEYS[3], 'farm_done') == 1 then
+if redis.call('TYPE', KEYS[3]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[3], 'farm_done') == 1
+    or redis.call('HEXISTS', KEYS[4], ARGV[1]) == 0 then
   return 0
 end
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -83,6 +96,7 @@ redis.call('DECRBY', KEYS[2], new - cur)
 if new >= tonumber(ARGV[3]) then
   redis.call('DEL', KEYS[1])
   redis.call('HSET', KEYS[3], 'farm_done', 1)
+  redis.call('HDEL', KEYS[4], ARGV[1])
 else
   redis.call('SET', KEYS[1], new, 'EX', ARGV[4])
 end
@@ -94,28 +108,79 @@ end
 return new - cur
 """)
 
-# KEYS: rq failed registry, progress, counter, failed items, rq job.
-# ARGV: job id, items the job counts, n item records, (dedup bucket, id, record) per item in
-# order, then (id, record) pairs always written. The job is marked done only if its hash
-# exists (a job gone, or a key that is not a hash, is left as it is).
+# KEYS: rq failed registry, progress, counter, failed items, rq job, jobs holding items.
+# ARGV: job id, n item records, (dedup bucket, id, record) per item in order, then (id,
+# record) pairs always written. What the job still counts is its entry in KEYS[6] less its
+# progress; no entry: its items were counted out already (done, or reaped), none is recorded.
+# The job is marked done only if its hash exists (a job gone, or a key that is not a hash, is
+# left as it is).
 _SETTLE = Script(None, b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-local total = tonumber(ARGV[2])
+local n = tonumber(ARGV[2])
+local total = tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '-1')
 local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
-local job = redis.call('TYPE', KEYS[5]).ok == 'hash'
-if job and redis.call('HEXISTS', KEYS[5], 'farm_done') == 1 then cur = total end
-if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
+if total < 0 then
+  cur = n
+else
+  if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
+  redis.call('HDEL', KEYS[6], ARGV[1])
+end
 redis.call('DEL', KEYS[2])
-if job then redis.call('HSET', KEYS[5], 'farm_done', 1) end
-local n = tonumber(ARGV[3])
+if redis.call('TYPE', KEYS[5]).ok == 'hash' then redis.call('HSET', KEYS[5], 'farm_done', 1) end
 for i = cur + 1, n do
-  local bucket, id = ARGV[1 + 3 * i], ARGV[2 + 3 * i]
-  redis.call('HSET', KEYS[4], id, ARGV[3 + 3 * i])
+  local bucket, id = ARGV[3 * i], ARGV[1 + 3 * i]
+  redis.call('HSET', KEYS[4], id, ARGV[2 + 3 * i])
   if redis.call('HGET', bucket, id) == ARGV[1] then redis.call('HDEL', bucket, id) end
 end
-for i = 4 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+for i = 3 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return 1
 """)
+
+# KEYS: jobs holding items, progress, counter, failed items, rq job. ARGV: job id, item
+# record, job record (with LOST_MARK where the count goes), (dedup bucket, id) pairs of items
+# it may carry. Nothing happens while the job is a hash. Its counted items are counted out
+# once (its entry in KEYS[1] goes); each pair whose entry still names it is recorded and
+# released; items counted but not named are one record of the job. Returns {counted out,
+# recorded}.
+_REAP = Script(None, b"""
+if redis.call('TYPE', KEYS[5]).ok == 'hash' then return {-1, 0} end
+local jid = ARGV[1]
+local lost = 0
+local total = redis.call('HGET', KEYS[1], jid)
+if total then
+  lost = math.max(0, tonumber(total) - tonumber(redis.call('GET', KEYS[2]) or '0'))
+  redis.call('DECRBY', KEYS[3], lost)
+  redis.call('HDEL', KEYS[1], jid)
+  redis.call('DEL', KEYS[2])
+end
+local named = 0
+for i = 4, #ARGV, 2 do
+  if redis.call('HGET', ARGV[i], ARGV[i + 1]) == jid then
+    redis.call('HDEL', ARGV[i], ARGV[i + 1])
+    redis.call('HSET', KEYS[4], ARGV[i + 1], ARGV[2])
+    named = named + 1
+  end
+end
+if lost > named then
+  local text = string.gsub(ARGV[3], '@LOST@', tostring(lost - named))
+  redis.call('HSET', KEYS[4], 'job:' .. jid, text)
+end
+return {lost, named}
+""")
+# ARGV: rq job key prefix, (dedup bucket, id) pairs. Per item: '' no job carries it, '+' a
+# live job (a hash) carries it, else the ID of the job its entry names, which is not a hash.
+_HOLDS = Script(None, b"""
+local out = {}
+for i = 2, #ARGV, 2 do
+  local h = redis.call('HGET', ARGV[i], ARGV[i + 1])
+  if not h then out[#out + 1] = ''
+  elseif redis.call('TYPE', ARGV[1] .. h).ok == 'hash' then out[#out + 1] = '+'
+  else out[#out + 1] = h end
+end
+return out
+""")
+LOST_MARK = "@LOST@"
+LOST_REASON = "job data lost or overwritten in Redis"
 
 
 def buckets(queue: str, ids: Iterable[str]) -> list[str]:
@@ -154,7 +219,8 @@ def commit(conn: redis.Redis, queue: str, job_id: str, commands: Sequence[tuple]
     """
     args = [job_id, JOB_PREFIX, count, holder, len(ids), *buckets(queue, ids),
             *flatten(commands)]
-    return _COMMIT(keys=[keys.items_queued(queue), keys.failed_items(queue)], args=args,
+    return _COMMIT(keys=[keys.items_queued(queue), keys.failed_items(queue),
+                         keys.job_items(queue)], args=args,
                    client=conn if pipe is None else pipe)
 
 
@@ -168,9 +234,18 @@ def unheld(conn: redis.Redis, queue: str, ids: Sequence[str]) -> list[str]:
     held = [(item, h.decode()) for item, h in zip(ids, holders, strict=True) if h]
     with conn.pipeline(transaction=False) as pipe:
         for _, h in held:
-            pipe.exists(JOB_PREFIX + h)
-        alive = {item for (item, _), n in zip(held, pipe.execute(), strict=True) if n}
+            pipe.type(JOB_PREFIX + h)
+        alive = {item for (item, _), t in zip(held, pipe.execute(), strict=True)
+                 if t == b"hash"}
     return [item for item in ids if item not in alive]
+
+
+def holds(conn: redis.Redis, queue: str, ids: Sequence[str]) -> list[str]:
+    """Per item of ``ids``, read at one instant: ``''`` no job carries it, ``'+'`` a live
+    job does, else the ID of the job its entry names, whose data is gone (to ``reap``)."""
+    if not ids:
+        return []
+    return [h.decode() for h in _HOLDS(args=[JOB_PREFIX, *buckets(queue, ids)], client=conn)]
 
 
 def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: int,
@@ -178,7 +253,8 @@ def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: in
     """Move a job's resume point to ``progress`` of ``total`` items (at ``total`` the job is
     marked done and its resume point dropped); returns how far it actually moved."""
     return int(_ADVANCE(
-        keys=[keys.item_progress(job_id), keys.items_queued(queue), JOB_PREFIX + job_id],
+        keys=[keys.item_progress(job_id), keys.items_queued(queue), JOB_PREFIX + job_id,
+              keys.job_items(queue)],
         args=[job_id, progress, total, PROGRESS_TTL, *buckets(queue, released)], client=conn))
 
 
@@ -187,31 +263,52 @@ def progress(conn: redis.Redis, job_id: str) -> int:
     return int(conn.get(keys.item_progress(job_id)) or 0)
 
 
-def settle(conn: redis.Redis, queue: str, failed_registry: str, job_id: str, total: int,
+def settle(conn: redis.Redis, queue: str, failed_registry: str, job_id: str,
            item_records: Sequence[tuple[str, str]],
            extra_records: Sequence[tuple[str, str]] = ()) -> bool:
-    """Take a failed rq job out of ``failed_registry`` and into ``farm failed`` (once)."""
-    args: list = [job_id, total, len(item_records)]
+    """Take a failed rq job out of ``failed_registry`` and into ``farm failed`` (once): the
+    items it still counts are counted out and recorded (``item_records``: one per item of
+    the job, in order), ``extra_records`` always."""
+    args: list = [job_id, len(item_records)]
     for item, record in item_records:
         args += [*buckets(queue, [item]), record]
     for pair in extra_records:
         args.extend(pair)
     return bool(_SETTLE(
         keys=[failed_registry, keys.item_progress(job_id), keys.items_queued(queue),
-              keys.failed_items(queue), JOB_PREFIX + job_id], args=args, client=conn))
+              keys.failed_items(queue), JOB_PREFIX + job_id, keys.job_items(queue)],
+        args=args, client=conn))
+
+
+def reap(conn: redis.Redis, queue: str, job_id: str, candidates: Sequence[str] = ()
+         ) -> tuple[int, int]:
+    """Count out the items of a job whose rq hash is gone or is not a hash, and record them
+    in ``farm failed``: those of ``candidates`` (item IDs it may carry) whose dedup entry
+    still names it one by one, the rest as one record of the job. Returns (items counted
+    out, items recorded); ``(-1, 0)`` when the job is a hash after all (nothing is done)."""
+    item = failure("?", None, f"{LOST_REASON} (job {job_id}): its function and arguments "
+                   "went with it", job_id=job_id)
+    whole = failure("?", None, f"{LOST_REASON}: {LOST_MARK} unfinished item(s) of job "
+                    f"{job_id} went with it, their IDs unknown", job_id=job_id)
+    lost, named = _REAP(
+        keys=[keys.job_items(queue), keys.item_progress(job_id), keys.items_queued(queue),
+              keys.failed_items(queue), JOB_PREFIX + job_id],
+        args=[job_id, item, whole, *buckets(queue, candidates)], client=conn)
+    return int(lost), int(named)
 
 
 def failure(function: object, kwargs: object, error: str, *, attempts: int = 0,
             job_id: str = "") -> str:
     """One ``farm failed`` record (JSON): what was called, with what, and why it stopped.
 
-    Arguments larger than ``MAX_RECORD_ARGS`` bytes are kept as a truncated text."""
+    Arguments larger than ``MAX_RECORD_ARGS`` bytes are kept as a truncated text; ``None``:
+    not known (they were lost)."""
     args = kwargs
     try:
         text = json.dumps(kwargs)
     except (TypeError, ValueError):
         text, args = repr(kwargs), None
-    if args is None or len(text) > MAX_RECORD_ARGS:
+    if kwargs is not None and (args is None or len(text) > MAX_RECORD_ARGS):
         args = {"_truncated": text[:MAX_RECORD_ARGS]}
     return json.dumps({"function": str(function)[:200], "kwargs": args, "attempts": attempts,
                        "error": error[:1000], "job": job_id, "at": time.time()})

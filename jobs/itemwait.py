@@ -3,8 +3,11 @@ went at its batch's checkpoint, or with its failure record), and failed if ``far
 holds a record of it.
 
 Both are changed by one Lua script each (``jobs.accounting``), so an item is never seen
-released without its failure record. Only items still open are asked about, 10,000 per
-pipelined round trip.
+released without its failure record. An item whose entry names a job whose data is gone
+from Redis (deleted, evicted, overwritten) would never be released by a worker: the watch
+reaps that job itself (``jobs.lost.reap_jobs``: the item is recorded as failed), so a
+wait always ends and never calls a lost item done. Only items still open are asked about,
+10,000 per round trip.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from dataclasses import dataclass
 import redis
 
 from farmcore import keys
-from jobs.accounting import unheld
+from jobs.accounting import holds
+from jobs.lost import reap_jobs
 
 ROUND = 10_000
 
@@ -52,7 +56,7 @@ class ItemWatch:
         """Look at the items still open once; how all of them stand now."""
         pending = list(self.open)
         for i in range(0, len(pending), ROUND):
-            free = unheld(self.conn, self.queue, pending[i:i + ROUND])
+            free = self._free(pending[i:i + ROUND])
             if not free:
                 continue
             records = self.conn.hmget(keys.failed_items(self.queue), free)
@@ -61,3 +65,13 @@ class ItemWatch:
                 self.failed += record is not None
                 self.done += record is None
         return ItemsProgress(self.total, self.done, self.failed)
+
+    def _free(self, ids: list[str]) -> list[str]:
+        """Those of ``ids`` no live job carries, once the jobs whose data is gone that
+        carried some were reaped (their items then free, with a failure record)."""
+        states = holds(self.conn, self.queue, ids)
+        lost = {state for state in states if state not in ("", "+")}
+        if lost:  # every item each carried, watched here or not, is found and recorded
+            reap_jobs(self.conn, self.queue, sorted(lost))
+            states = holds(self.conn, self.queue, ids)
+        return [item for item, state in zip(ids, states, strict=True) if state == ""]

@@ -10,6 +10,9 @@ are never moved, and no callback a job names is ever imported.
 - rq's scheduler step: delayed retries and throttled chunks whose time came
   are moved back onto their queues.
 - settling: jobs that failed for good are recorded in ``farm failed``.
+- lost jobs: a slice a round of the jobs whose items are counted as queued is looked at;
+  one whose rq hash is gone or is not a hash is reaped (``jobs.lost``): its items counted
+  out and recorded in ``farm failed``.
 - the ledger: chunks whose lease expired go back to ``pending`` (paused runs too),
   and every ``REDISPATCH_SECONDS`` each pending chunk of a running, unpaused run
   that has no live job gets one (at most one job per chunk in Redis).
@@ -33,7 +36,7 @@ from rq.job_lifecycle import record_job_failure
 from rq.registry import clean_registries
 
 from farmcore import keys
-from jobs import settle
+from jobs import lost, settle
 from jobs.dispatch import dispatch_lost
 from jobs.farmjob import FarmJob
 from jobs.policy import ForbiddenJobError
@@ -145,7 +148,7 @@ def _redispatch_due(rt: Runtime, owner: str) -> int:
 def _queue_steps(rt: Runtime, name: str) -> list[Callable[[], object]]:
     q = rq_queue(rt.redis, name)
     return [lambda: clean_registries(q), lambda: promote_scheduled(rt.redis, q),
-            lambda: settle_failed(rt.redis, name)]
+            lambda: settle_failed(rt.redis, name), lambda: lost.sweep(rt.redis, name)]
 
 
 def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:

@@ -1,0 +1,182 @@
+"""Jobs whose rq hash is deleted or overwritten (by anyone with Redis access, an eviction, a
+partial restore) while their items are counted as queued: the items are counted out once,
+recorded in ``farm failed``, no longer block their IDs, and a wait for them ends (exit 1).
+
+Each fault is injected at the exact step, on the real Redis."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+from rq import SimpleWorker
+from rq.serializers import JSONSerializer
+
+from farmcore import keys
+from jobs import accounting, enqueue_many, lost
+from jobs.itemwait import ItemWatch
+from jobs.policy import JobPolicy
+from jobs.queue import rq_queue
+from jobs.settle import retry_failed
+from tests.conftest import ROOT
+from workers import maintenance
+
+Q = "lq"
+ITEMS = [{"key": f"k{i}", "value": i} for i in range(10)]
+REASON = "job data lost or overwritten in Redis"
+
+
+def _enqueue(conn: redis.Redis, items: list[dict] = ITEMS, batch: int = 5) -> list[str]:
+    """Enqueue ``items`` (IDs are their keys); returns the rq job IDs on the queue, in order."""
+    enqueue_many(Q, "tests.kinds.record", items, connection=conn, batch=batch, id_key="key")
+    return [j.decode() for j in conn.lrange(f"rq:queue:{Q}", 0, -1)]
+
+
+def _counter(conn: redis.Redis) -> int:
+    return int(conn.get(keys.items_queued(Q)) or 0)
+
+
+def _failed(conn: redis.Redis) -> dict[str, dict]:
+    return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.failed_items(Q)).items()}
+
+
+def _drain(conn: redis.Redis) -> None:
+    q = rq_queue(conn, Q)
+    SimpleWorker([q], connection=conn, serializer=JSONSerializer,
+                 job_class=q.job_class).work(burst=True)
+
+
+def _keys(n: range) -> list[str]:
+    return [f"k{i}" for i in n]
+
+
+def test_housekeeping_counts_out_and_records_the_items_of_a_deleted_job(rt):
+    conn = rt.redis
+    lost_job, _ = _enqueue(conn)
+    conn.delete(accounting.JOB_PREFIX + lost_job)          # the fault: the job's hash goes
+    maintenance.run_once(rt, "me", [Q])
+    assert _counter(conn) == 5
+    failed = _failed(conn)
+    assert sorted(failed) == _keys(range(5))
+    assert all(REASON in doc["error"] and doc["job"] == lost_job for doc in failed.values())
+    assert sorted(accounting.in_flight(conn, Q)) == _keys(range(5, 10))
+    _drain(conn)
+    assert sorted(k.decode() for k in conn.hkeys("test:record")) == _keys(range(5, 10))
+    assert _counter(conn) == 0 and accounting.in_flight(conn, Q) == {}
+    n, kept = retry_failed(conn, Q, JobPolicy.from_env())  # arguments unknown: listed, kept
+    assert n == 0 and len(kept) == 5 and "arguments were lost" in kept[0]
+    assert enqueue_many(Q, "tests.kinds.record", ITEMS[:5], connection=conn,
+                        id_key="key").enqueued == 5
+    maintenance.run_once(rt, "me2", [Q])       # nothing is counted out twice
+    assert _counter(conn) == 5
+
+
+def test_a_job_overwritten_with_a_string_blocks_nothing_and_is_counted_out(rt):
+    conn = rt.redis
+    lost_job, _ = _enqueue(conn)
+    conn.set(accounting.JOB_PREFIX + lost_job, "not a job")
+    again = enqueue_many(Q, "tests.kinds.record", ITEMS[:5], connection=conn, id_key="key")
+    assert again.as_dict() == {"enqueued": 5, "duplicates": 0}
+    _drain(conn)                                   # the worker skips the string, runs the rest
+    assert conn.hlen("test:record") == 10
+    maintenance.run_once(rt, "me", [Q])
+    assert _counter(conn) == 0
+    record = _failed(conn)[f"job:{lost_job}"]      # its items moved on: only the loss is told
+    assert REASON in record["error"] and "5 unfinished item(s)" in record["error"]
+    assert list(_failed(conn)) == [f"job:{lost_job}"]
+
+
+def test_a_job_lost_half_way_counts_out_only_its_unfinished_items(plain_conn):
+    conn = plain_conn
+    (job,) = _enqueue(conn, batch=10)
+    assert accounting.advance(conn, Q, job, 4, 10, _keys(range(4))) == 4
+    conn.delete(accounting.JOB_PREFIX + job)
+    assert lost.sweep(conn, Q) == 6
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(4, 10))
+    assert accounting.in_flight(conn, Q) == {}
+    assert lost.sweep(conn, Q) == 0 and _counter(conn) == 0
+
+
+def test_a_job_that_finishes_while_housekeeping_looks_is_counted_once(plain_conn, monkeypatch):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    real = lost.not_hashes
+
+    def finishes_meanwhile(c, job_ids):
+        job_ids = list(job_ids)
+        assert job_ids == [job]                   # the sweep has read the job's entry
+        accounting.advance(conn, Q, job, 5, 5, _keys(range(5)))  # its worker finishes it
+        conn.delete(accounting.JOB_PREFIX + job)  # and rq's result_ttl lets its hash go
+        return real(c, job_ids)
+
+    monkeypatch.setattr(lost, "not_hashes", finishes_meanwhile)
+    assert lost.sweep(conn, Q) == 0
+    assert _counter(conn) == 0 and _failed(conn) == {}
+
+
+def test_a_worker_still_running_a_reaped_job_cannot_count_it_again(plain_conn):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    conn.delete(accounting.JOB_PREFIX + job)
+    assert lost.sweep(conn, Q) == 5 and _counter(conn) == 0
+    conn.hset(accounting.JOB_PREFIX + job, "last_heartbeat", "x")  # its heartbeat writes again
+    assert accounting.advance(conn, Q, job, 5, 5, _keys(range(5))) == 0
+    assert _counter(conn) == 0
+    assert accounting.reap(conn, Q, job, _keys(range(5))) == (-1, 0)  # a hash again: left be
+
+
+def test_a_failed_job_whose_data_is_gone_is_settled_with_its_items(plain_conn):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    conn.zadd(rq_queue(conn, Q).failed_job_registry.key, {job: time.time() + 600})
+    conn.delete(accounting.JOB_PREFIX + job)      # e.g. its failure_ttl ran out first
+    assert maintenance.settle_failed(conn, Q) == 1
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
+    assert rq_queue(conn, Q).failed_job_registry.count == 0
+
+
+@pytest.mark.parametrize("fault", ["deleted", "overwritten"])
+def test_waiting_calls_the_items_of_a_lost_job_failed_never_done(plain_conn, fault):
+    conn = plain_conn
+    watch = ItemWatch(conn, Q)
+    enqueue_many(Q, "tests.kinds.record", ITEMS, connection=conn, batch=5, id_key="key",
+                 on_ids=watch.add)
+    lost_job = conn.lindex(f"rq:queue:{Q}", 0).decode()
+    if fault == "deleted":
+        conn.delete(accounting.JOB_PREFIX + lost_job)
+    else:
+        conn.set(accounting.JOB_PREFIX + lost_job, "not a job")
+    first = watch.poll()
+    assert (first.done, first.failed, first.finished) == (0, 5, False)
+    assert _counter(conn) == 5 and sorted(_failed(conn)) == _keys(range(5))
+    _drain(conn)
+    last = watch.poll()
+    assert (last.done, last.failed, last.finished) == (5, 5, True)
+    assert _counter(conn) == 0
+
+
+@pytest.mark.slow
+def test_enqueue_wait_ends_with_exit_1_when_its_job_is_overwritten(plain_env, tmp_path):
+    conn = redis.Redis.from_url(plain_env["FARM_REDIS_URL"])
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps(kw) + "\n" for kw in ITEMS[:3]))
+    proc = subprocess.Popen([sys.executable, "-m", "scripts", "enqueue", Q, "tests.kinds.record",
+                             "--file", str(items), "--wait", "--id-key", "key"], env=plain_env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (job := conn.lindex(f"rq:queue:{Q}", 0)):  # no worker: the job stays queued
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    conn.set(accounting.JOB_PREFIX + job.decode(), "not a job")
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err
+    assert json.loads(out.strip().splitlines()[-1]) == {"enqueued": 3, "duplicates": 0,
+                                                        "done": 0, "failed": 3}
+    assert "3 item(s) failed: 'farm failed'" in err and _counter(conn) == 0
