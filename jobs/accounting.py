@@ -111,7 +111,9 @@ return new - cur
 # KEYS: rq failed registry, progress, counter, failed items, rq job, jobs holding items.
 # ARGV: job id, n item records, (dedup bucket, id, record) per item in order, then (id,
 # record) pairs always written. What the job still counts is its entry in KEYS[6] less its
-# progress; no entry: its items were counted out already (done, or reaped), none is recorded.
+# progress. No entry: its items were counted out already (done, or reaped: none is
+# recorded), or never counted (a job written into Redis by hand, not by commit: its items
+# past its progress are recorded, nothing is counted out).
 # The job is marked done only if its hash exists (a job gone, or a key that is not a hash, is
 # left as it is).
 _SETTLE = Script(None, b"""
@@ -119,14 +121,15 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 local n = tonumber(ARGV[2])
 local total = tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '-1')
 local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
-if total < 0 then
-  cur = n
-else
+local job = redis.call('TYPE', KEYS[5]).ok == 'hash'
+if total >= 0 then
   if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
   redis.call('HDEL', KEYS[6], ARGV[1])
+elseif not job or redis.call('HEXISTS', KEYS[5], 'farm_done') == 1 then
+  cur = n
 end
 redis.call('DEL', KEYS[2])
-if redis.call('TYPE', KEYS[5]).ok == 'hash' then redis.call('HSET', KEYS[5], 'farm_done', 1) end
+if job then redis.call('HSET', KEYS[5], 'farm_done', 1) end
 for i = cur + 1, n do
   local bucket, id = ARGV[3 * i], ARGV[1 + 3 * i]
   redis.call('HSET', KEYS[4], id, ARGV[2 + 3 * i])

@@ -180,3 +180,17 @@ def test_enqueue_wait_ends_with_exit_1_when_its_job_is_overwritten(plain_env, tm
     assert json.loads(out.strip().splitlines()[-1]) == {"enqueued": 3, "duplicates": 0,
                                                         "done": 0, "failed": 3}
     assert "3 item(s) failed: 'farm failed'" in err and _counter(conn) == 0
+
+
+def test_a_job_written_into_redis_by_hand_is_recorded_when_it_fails_and_counts_nothing(rt):
+    """A farm batch enqueued with rq itself (not by ``enqueue_many``: its items never
+    counted) that fails: its items are listed in ``farm failed``, and no counter goes below
+    zero (nothing of it was counted, nothing is counted out)."""
+    conn = rt.redis
+    items = [["r1", {"cmd": "true"}], ["r2", {"cmd": "true"}]]  # a function not allowed
+    rq_queue(conn, Q).enqueue("jobs.items.run_items", function="subprocess.getoutput",
+                              items=items)
+    _drain(conn)
+    maintenance.run_once(rt, "me", [Q])
+    assert sorted(_failed(conn)) == ["r1", "r2"]
+    assert _counter(conn) == 0 and conn.hlen(keys.job_items(Q)) == 0
