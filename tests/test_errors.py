@@ -104,8 +104,21 @@ def test_unknown_control_database_is_named(server_b):
                               what="FARM_CONTROL_DSN"))
     msg = _error(lambda: ledger.latest_run("migrate"))
     ledger.close()
-    assert "Unknown database 'farm_err_nodb'" in msg and "check FARM_CONTROL_DSN" in msg
+    assert "Unknown database 'farm_err_nodb'" in msg
+    assert msg.endswith("(run 'farm shards init', or check FARM_CONTROL_DSN)"), msg
     assert f"control (root@127.0.0.1:{server_b.port}/farm_err_nodb)" in msg
+
+
+def test_an_unknown_legacy_database_is_a_setting_not_shards_init(server_b):
+    """'farm shards init' makes the farm's databases, never the legacy source."""
+    from loaders.migration.legacy import LegacyReader
+    dsn = DSN.parse(f"mysql://root@127.0.0.1:{server_b.port}/farm_err_nolegacy",
+                    what="FARM_LEGACY_DSN")
+    reader = LegacyReader(dsn)
+    msg = _error(lambda: reader.query("SELECT 1"))
+    reader.close()
+    assert "Unknown database 'farm_err_nolegacy'" in msg and "shards init" not in msg
+    assert msg.endswith("(check FARM_LEGACY_DSN)"), msg
 
 
 def test_missing_table_on_a_shard_names_host_server_shard_and_table(router):
@@ -115,6 +128,8 @@ def test_missing_table_on_a_shard_names_host_server_shard_and_table(router):
     port = router.host_for(shard).port
     assert f"TestB1 (root@127.0.0.1:{port}), shard {shard}" in msg
     assert f"db{shard:05d}.no_such_table" in msg
+    assert msg.endswith("(run 'farm shards init', or check host TestB1 in the shard map "
+                        "(FARM_SHARDMAP))"), msg
 
 
 # -- unreachable servers: given up on within FARM_CONNECT_TIMEOUT --------------------------

@@ -49,7 +49,6 @@ LOCK_SECONDS = 4
 REDISPATCH_SECONDS = 30
 REPEAT_SECONDS = 60.0
 MAX_TOPICS = 1000
-NOT_SET_UP = frozenset({1049, 1146})  # unknown database, unknown table
 _said: dict[str, tuple[str, float]] = {}
 
 
@@ -176,8 +175,7 @@ def _guarded(scope: str, step: Callable[[], object]) -> bool:
     try:
         step()
     except FarmError as exc:
-        hint = " (run 'farm shards init')" if getattr(exc, "code", None) in NOT_SET_UP else ""
-        say(scope, f"housekeeping waits{hint}: {exc}")
+        say(scope, f"housekeeping waits: {exc}")  # a database not set up says what to run
         return False
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         say(scope, f"housekeeping waits: Redis: {exc}")

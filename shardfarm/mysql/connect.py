@@ -50,6 +50,9 @@ IDENTIFIER_CODES = frozenset({
 })
 # Codes an operator fixes in a setting (a user, password, database, host or TLS file).
 SETTING_CODES = frozenset({1044, 1045, 1049, 1129, 1130, 1698, 2005, 2026, 2059})
+# Unknown database or table: on the farm's own databases (control, shards, mod buckets, not
+# the legacy source) 'farm shards init' makes them.
+NOT_SET_UP = frozenset({1049, 1146})
 _QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'")
 
 
@@ -159,7 +162,9 @@ def translate(exc: BaseException, where: Where | str, shard: int | None = None, 
         return failed
     text = str(exc.args[1]) if len(exc.args) > 1 else str(exc) or type(exc).__name__
     msg = f"MySQL error {code} on {on}: {scrub(code, text)}"
-    if code in SETTING_CODES:
+    if code in NOT_SET_UP and getattr(where, "name", "") != NAMES["FARM_LEGACY_DSN"]:
+        msg += f" (run 'farm shards init', or check {setting})"
+    elif code in SETTING_CODES:
         msg += f" (check {setting})"
     if code in TRANSIENT_CODES or isinstance(exc, pymysql.err.InterfaceError):
         return TransientDatabaseError(msg, **kw)
