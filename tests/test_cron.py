@@ -65,7 +65,8 @@ def test_slots_between_catches_up_oldest_first_and_bounded():
     assert scheduler.slots_between("0 3 * * *", None, exactly) == [exactly]
 
 
-@pytest.mark.parametrize("expr", ["0 3 * *", "61 3 * * *", "every night", "0 3 * * * *"])
+@pytest.mark.parametrize("expr", ["0 3 * *", "61 3 * * *", "every night", "0 3 * * * *",
+                                  "0 3 31 2 *", "0 3 30 2 *", "0 0 31 4,6 *"])
 def test_bad_expression_is_one_clear_line(expr, farm_env):
     with pytest.raises(UsageError, match="bad --at"):
         scheduler.check_expression(expr)
