@@ -75,6 +75,15 @@ def test_bad_expression_is_one_clear_line(expr, farm_env):
     assert len(out.stderr.strip().splitlines()) == 1 and "bad --at" in out.stderr
 
 
+@pytest.mark.parametrize("name", ["", "a b", "x" * 21, "nächte"])
+def test_a_bad_name_is_a_usage_error(name, farm_env):
+    """``--name`` is a flag: a bad one exits 2 (it was 1, as a configuration error)."""
+    out = run_farm(farm_env, "cron", "--name", name, "--once")
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stderr.splitlines() == [f"farm: error: bad --name {name!r} (letters, digits, "
+                                       "'-'; 20 at most)"]
+
+
 def test_run_ids_are_one_per_slot():
     slot = dt.datetime(2026, 11, 22, 3, 0)
     assert scheduler.run_id_for("export", slot) == "cron-export-20261122T0300Z"
