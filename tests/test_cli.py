@@ -279,3 +279,24 @@ def test_an_empty_item_in_a_list_is_refused(farm_env):
         out = run_farm(farm_env, *args, timeout=60)
         assert out.returncode == 2 and out.stderr.splitlines() == [
             f"farm: error: bad {args[-2]} {args[-1]!r}: an empty item between commas"]
+
+
+@pytest.mark.parametrize("args", [
+    ("shards", "move", "0-1", "--to", "TestB1/TestB2", "--drop-source", "--yes", "--grace", "nan"),
+    ("shards", "move", "0-1", "--to", "TestB1/TestB2", "--drop-source", "--yes", "--grace", "inf"),
+    ("shards", "promote", "TestA2", "--wait-seconds", "nan"),
+    ("cutover", "--timeout", "nan"),
+    ("cutover", "--timeout", "inf"),
+    ("reverse", "--max-lag", "nan"),
+    ("migrate", "--max-lag", "inf"),
+    ("rebalance", "board_followedby_users", "--threshold", "5", "--max-lag", "1e400"),
+])
+def test_seconds_that_are_not_a_finite_number_are_usage_errors(farm_env, args):
+    """``nan`` passed every range check (a grace skipped, a wait never ending) and ``inf``
+    broke ``time.sleep`` (a traceback after the map was flipped) or the run's JSON
+    parameters: each is now refused before anything starts."""
+    out = run_farm({**farm_env, "FARM_CONTROL_DSN": "mysql://root@127.0.0.1:1/nowhere"}, *args,
+                   timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("farm: error: Invalid value for '--"), lines
