@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_BUCKETS, run_farm
+from tests.conftest import SHARDS_A, TEST_BUCKETS, run_farm
 
 
 def test_id_decode_and_encode(farm_env):
@@ -300,3 +300,12 @@ def test_seconds_that_are_not_a_finite_number_are_usage_errors(farm_env, args):
     assert out.returncode == 2, (out.returncode, out.stderr)
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("farm: error: Invalid value for '--"), lines
+
+
+def test_followers_of_an_id_that_is_not_a_board_is_a_usage_error(farm_env, router):
+    """``farm followers`` of a pin's or user's ID printed an empty page (exit 0), as if a
+    board had no followers; it is refused like any ID of the wrong kind."""
+    pin = str((SHARDS_A[0] << 46) | (1 << 36) | 5)
+    out = run_farm(farm_env, "followers", pin)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [f"farm: error: {pin} is not a board ID (it is a pin)"]
