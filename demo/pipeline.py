@@ -96,7 +96,7 @@ def run(rt: Runtime, users: int, n_workers: int, force: bool, observer: Observer
     demo = _Demo(rt, Phases(observer.phase), tag, observer)
     demo.create(users)
     preflight(rt.settings, rt.router)
-    with own_workers(rt.settings, n_workers):
+    with own_workers(rt.settings, n_workers) as demo.workers_alive:
         mig = demo.migrate_and_verify()
         date = demo.later_phases()
     return Outcome(report.build(rt, demo.p, mig, date), list(demo.p.results.values()))
@@ -126,6 +126,7 @@ class _Demo:
 
     def __init__(self, rt: Runtime, p: Phases, tag: dict, observer: Observer) -> None:
         self.rt, self.p, self.tag, self.observer = rt, p, tag, observer
+        self.workers_alive: Callable[[], None] = lambda: None  # the demo's own workers
 
     def create(self, users: int) -> None:
         """Create the shards and the control database, then generate a legacy one of
@@ -143,8 +144,12 @@ class _Demo:
     def _wait(self, run_id: str) -> str:
         """Show the run's progress until it ends; its final status."""
         bar = self.observer.run_progress(run_id)
+
+        def tick(progress: RunProgress) -> None:
+            self.workers_alive()  # nobody would work on the run: one line, not a hang
+            bar(progress)
         try:
-            return runs.wait(self.rt, run_id, on_tick=bar)
+            return runs.wait(self.rt, run_id, on_tick=tick)
         finally:
             bar.close()
 

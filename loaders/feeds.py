@@ -98,6 +98,10 @@ def plan(router: Router, chunk_users: int = DEFAULT_CHUNK_USERS, length: int = D
     params = {"length": length, "chunk_users": chunk_users, "kinds": [KIND]}
     if users is not None:
         users = check_user_ids(users)
+        held = set(router.shardmap.shards())
+        if away := next((u for u in users if ids.decode(u).shard not in held), None):
+            raise UsageError(f"--users: user {away} is on shard {ids.decode(away).shard}, "
+                             "which the shard map does not hold")
         return params, [ChunkSpec(KIND, {"users": users}, rows=len(users))]
     chunks = [ChunkSpec(KIND, {"shard": s, "lo": lo, "hi": hi}, rows=n)
               for s in router.shardmap.shards()

@@ -9,7 +9,7 @@ from scripts.app import App
 from scripts.cmd_shards import shards_group
 from scripts.confirm import go_ahead
 from scripts.follow import wait_with_progress
-from scripts.options import MAX_LAG, emit, farm_options
+from scripts.options import MAX_LAG, Seconds, emit, farm_options
 from scripts.render import note
 from shardfarm.errors import UsageError
 from sharding.fleet import fleet_status
@@ -54,7 +54,7 @@ def _pair(text: str) -> tuple[str, str]:
 @MAX_LAG
 @click.option("--drop-source", is_flag=True,
               help="After the flip and --grace seconds, drop the source copies.")
-@click.option("--grace", default=30.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--grace", default=30.0, show_default=True, type=Seconds(min=0),
               help="Seconds between the flip and dropping the source copies.")
 @click.option("--dry-run", is_flag=True, help="With --drop-source: list what would be dropped.")
 @click.option("--yes", is_flag=True, help="With --drop-source: do not ask.")
@@ -90,7 +90,7 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
 @click.argument("host")
 @click.option("--accept-loss", is_flag=True,
               help="Promote even if HOST has not applied everything its master sent.")
-@click.option("--wait-seconds", default=10.0, show_default=True, type=click.FloatRange(min=0),
+@click.option("--wait-seconds", default=10.0, show_default=True, type=Seconds(min=0),
               help="How long to let HOST apply the relay log it already received.")
 @farm_options
 def promote_cmd(app: App, host: str, accept_loss: bool, wait_seconds: float) -> None:

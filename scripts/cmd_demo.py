@@ -16,6 +16,7 @@ from scripts.confirm import DRY_RUN, YES, go_ahead
 from scripts.options import emit, farm_options
 from scripts.render import database_bar, echo_lines, note
 from shardfarm.errors import UsageError
+from workers.supervisor import MAX_WORKERS
 
 
 class TerminalObserver:
@@ -46,7 +47,7 @@ class TerminalObserver:
 @click.option("--users", default=5000, show_default=True, type=click.IntRange(min=1),
               help="Legacy users (~40 rows each).")
 @click.option("--workers", "n_workers", default=2, show_default=True,
-              type=click.IntRange(min=1), help="Workers to start.")
+              type=click.IntRange(1, MAX_WORKERS), help="Workers to start.")
 @click.option("--clean", is_flag=True,
               help="Delete what the demo makes (the map's shard and mod databases, the legacy "
                    "and control databases, its exports, the farm's Redis keys), then exit.")

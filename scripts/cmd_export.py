@@ -69,6 +69,7 @@ def export(app: App, date: str, dest: str | None, tables: list[str] | None, role
                    f"[env: FARM_EXPORT_CRON; default: {scheduler.DEFAULT_AT}]")
 @click.option("--once", is_flag=True, help="One round (take the lease, fire what is due), exit.")
 @click.option("--name", default="export", show_default=True,
+              callback=lambda _ctx, param, name: scheduler.check_name(name, param.opts[0]),
               help="The schedule entry's name (its state and leader lease).")
 @_DEST
 @_TABLES

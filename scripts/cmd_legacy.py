@@ -9,7 +9,13 @@ import click
 from tqdm import tqdm
 
 from demo.legacygen.generate import generate
-from demo.legacygen.origin import describe_rows, legacy_rows, refuse_to_replace, where
+from demo.legacygen.origin import (
+    describe_rows,
+    legacy_rows,
+    refuse_farm_database,
+    refuse_to_replace,
+    where,
+)
 from scripts.app import App
 from scripts.confirm import DRY_RUN, YES, go_ahead
 from scripts.options import emit, farm_options
@@ -44,6 +50,7 @@ def generate_cmd(app: App, users: int, seed: int, replace: bool, dry_run: bool,
     dsn = app.settings.legacy_dsn
     if dry_run and not replace:
         raise UsageError("--dry-run goes with --replace")
+    refuse_farm_database(dsn)
     if not replace:
         refuse_to_replace(dsn)
 

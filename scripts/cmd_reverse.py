@@ -9,6 +9,7 @@ from scripts.app import App
 from scripts.follow import finish
 from scripts.options import AS_JSON, MAX_LAG, emit, farm_options
 from scripts.render import note
+from shardfarm.errors import InvalidIdError
 from sharding import hotspot, ids
 from workers import launch
 
@@ -62,7 +63,9 @@ def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool,
 @farm_options
 def followers(app: App, board_id: int, limit: int, cursor: str | None) -> None:
     """Print a page of a board's followers, newest first, through the hotspot directory."""
-    ids.decode(board_id)
+    kind = ids.decode(board_id).type_name
+    if kind != "board":  # a pin's or user's ID found no followers: an all-clear by mistake
+        raise InvalidIdError(f"{board_id} is not a board ID (it is a {kind})")
     page = hotspot.followers(app.router, board_id, limit, cursor)
     entry = hotspot.Directory(app.router).get(board_id)
     emit({"board_id": board_id, "followers": page.ids, "next_cursor": page.next_cursor,

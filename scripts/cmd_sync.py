@@ -12,7 +12,7 @@ from farmcore.preflight import preflight
 from loaders.migration import follower
 from scripts.app import App
 from scripts.cmd_runs import sync_view
-from scripts.options import emit, farm_options
+from scripts.options import Seconds, emit, farm_options
 from scripts.render import note
 from workers import cutover as cutting
 
@@ -53,7 +53,7 @@ def sync_status(app: App) -> None:
 @click.command("cutover")
 @click.option("--freeze", is_flag=True,
               help="Set the legacy server read-only first (restored if the cut-over fails).")
-@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=1),
+@click.option("--timeout", default=600.0, show_default=True, type=Seconds(min=1),
               help="Seconds to wait for sync to apply everything.")
 @farm_options
 def cutover(app: App, freeze: bool, timeout: float) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 
@@ -38,6 +39,29 @@ class CommaList(click.ParamType):
         return names(str(value), param.opts[0] if param else "list")
 
 
+MAX_SECONDS = 7 * 86400.0  # a week: what any wait, grace or lag limit of a command may be
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds from ``min`` to ``max`` (default a week): ``nan`` passes every
+    comparison of a plain ``FloatRange`` (a grace skipped, a wait never ending), ``inf``
+    overflows ``time.sleep`` and JSON: both are refused like any bad value (exit 2)."""
+
+    name = "number of seconds"
+
+    def __init__(self, min: float = 0, max: float = MAX_SECONDS,
+                 min_open: bool = False) -> None:
+        super().__init__(min=min, max=max, min_open=min_open)
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        """The value as a float; a usage error for ``nan`` or one out of range."""
+        seconds = float(super(click.FloatRange, self).convert(value, param, ctx))
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return float(super().convert(seconds, param, ctx))
+
+
 ALLOW_MODULE = click.option(
     "--allow-module", "allow_modules", multiple=True, metavar="PREFIX[,PREFIX]",
     type=CommaList(), callback=lambda _ctx, _param, groups: tuple(
@@ -47,7 +71,7 @@ ALLOW_MODULE = click.option(
 
 
 MAX_LAG = click.option(
-    "--max-lag", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+    "--max-lag", type=Seconds(min=0, min_open=True), default=None, metavar="SECONDS",
     help="The run's chunks wait while a slave of a shard it writes lags more than this "
          "(farm status says THROTTLED, with the host and its lag).")
 

@@ -65,10 +65,15 @@ def _choice(allowed: tuple[str, ...], upper: bool) -> Callable[[str], str]:
 
 
 def _cron(text: str) -> str:
-    """Five cron fields (minute hour day month weekday)."""
-    from croniter import croniter  # only when a cron expression is read
+    """Five cron fields (minute hour day month weekday) naming a time that comes: a date
+    no month has (``0 3 31 2 *``) would never fire, and the scheduler could find no slot."""
+    from croniter import CroniterBadDateError, croniter  # only when one is read
     if len(text.split()) != 5 or not croniter.is_valid(text):
         raise ValueError(text)
+    try:
+        croniter(text).get_next()
+    except CroniterBadDateError:
+        raise ValueError(text) from None
     return text
 
 
@@ -87,7 +92,7 @@ TUNABLES: dict[str, Tunable] = {t.name: t for t in [
     Tunable("FARM_LOG_FORMAT", "text", _choice(FORMATS, upper=False),
             f"one of {', '.join(FORMATS)}"),
     Tunable("FARM_EXPORT_CRON", DEFAULT_EXPORT_CRON, _cron,
-            f"5 cron fields such as '{DEFAULT_EXPORT_CRON}', in UTC"),
+            f"5 cron fields such as '{DEFAULT_EXPORT_CRON}', in UTC, of a date that exists"),
 ]}
 
 

@@ -64,15 +64,28 @@ def old_master_of(m: ShardMap, host: str) -> str:
     return masters.pop()
 
 
-def _master_pos(router: Router, master: Host) -> str | None:
-    """Make a master that still answers read-only; its binlog position (``None``: dead)."""
+def _master_pos(router: Router, master: Host) -> tuple[str | None, bool]:
+    """Make a master that still answers read-only; its binlog position (``None``: dead) and
+    whether it was writable until now (``_writable_again`` undoes it on a refusal)."""
     try:
         with router.connection(master) as conn, conn.cursor() as cur:
+            cur.execute("SELECT @@read_only")
+            was_writable = not int(cur.fetchone()[0])
             cur.execute("SET GLOBAL read_only = 1")
             cur.execute("SELECT @@gtid_binlog_pos")
-            return cur.fetchone()[0]
+            return cur.fetchone()[0], was_writable
     except FarmError:
-        return None
+        return None, False
+
+
+def _writable_again(router: Router, master: Host) -> None:
+    """Undo ``_master_pos``'s read-only when nothing was promoted (best effort: a master
+    that stopped answering meanwhile stays as it is)."""
+    try:
+        with router.connection(master) as conn, conn.cursor() as cur:
+            cur.execute("SET GLOBAL read_only = 0")
+    except FarmError:
+        pass
 
 
 def _catch_up(router: Router, slave: Host, wait: float) -> tuple[str, str]:
@@ -100,12 +113,18 @@ def promote(router: Router, spec: str, host: str, accept_loss: bool = False,
     m = router.shardmap
     old = old_master_of(m, host)
     slave = m.hosts[host]
-    master_pos = _master_pos(router, m.hosts[old])
-    applied, received = _catch_up(router, slave, wait)
-    behind = missing(applied, received) + missing(applied, master_pos or "")
-    if behind and not accept_loss:
-        raise StaleStateError(f"{host} is behind its master {old} ({'; '.join(behind)}): not "
-                              "promoted (start its SQL thread and wait, or --accept-loss)")
+    master_pos, was_writable = _master_pos(router, m.hosts[old])
+    try:
+        applied, received = _catch_up(router, slave, wait)
+        behind = missing(applied, received) + missing(applied, master_pos or "")
+        if behind and not accept_loss:
+            raise StaleStateError(f"{host} is behind its master {old} ({'; '.join(behind)}): "
+                                  "not promoted (start its SQL thread and wait, or "
+                                  "--accept-loss)")
+    except BaseException:  # refused or failed, nothing promoted: a live master writes again
+        if was_writable:
+            _writable_again(router, m.hosts[old])
+        raise
     _make_master(router, slave)
 
     def change(doc: dict) -> None:

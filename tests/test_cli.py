@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_BUCKETS, run_farm
+from tests.conftest import SHARDS_A, TEST_BUCKETS, run_farm
 
 
 def test_id_decode_and_encode(farm_env):
@@ -91,15 +91,17 @@ def test_shards_init_via_cli(farm_env, router):
 
 
 def _usage_error(out, words: str) -> None:
-    """Exit 2 and the last stderr line is one ``farm: error:`` line naming the mistake."""
+    """Exit 2 and stderr is one ``farm: error:`` line naming the mistake (no note before
+    it: with no worker running, a run's "no workers" note came first)."""
     assert out.returncode == 2, (out.returncode, out.stderr)
-    assert "Traceback" not in out.stderr
-    last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("farm: error: ") and words in last, last
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("farm: error: ") and words in lines[0], lines[0]
 
 
 @pytest.mark.slow
-def test_usage_mistakes_exit_2(farm_env, router):
+def test_usage_mistakes_exit_2(plain_env, router):  # plain_env: no worker registered
+    farm_env = plain_env
     _usage_error(run_farm(farm_env, "cron", "--at", "bad", "--once"), "bad --at")
     _usage_error(run_farm(farm_env, "cron", "--once", "--tables", "users,nope"),
                  "cannot export nope")
@@ -277,3 +279,33 @@ def test_an_empty_item_in_a_list_is_refused(farm_env):
         out = run_farm(farm_env, *args, timeout=60)
         assert out.returncode == 2 and out.stderr.splitlines() == [
             f"farm: error: bad {args[-2]} {args[-1]!r}: an empty item between commas"]
+
+
+@pytest.mark.parametrize("args", [
+    ("shards", "move", "0-1", "--to", "TestB1/TestB2", "--drop-source", "--yes", "--grace", "nan"),
+    ("shards", "move", "0-1", "--to", "TestB1/TestB2", "--drop-source", "--yes", "--grace", "inf"),
+    ("shards", "promote", "TestA2", "--wait-seconds", "nan"),
+    ("cutover", "--timeout", "nan"),
+    ("cutover", "--timeout", "inf"),
+    ("reverse", "--max-lag", "nan"),
+    ("migrate", "--max-lag", "inf"),
+    ("rebalance", "board_followedby_users", "--threshold", "5", "--max-lag", "1e400"),
+])
+def test_seconds_that_are_not_a_finite_number_are_usage_errors(farm_env, args):
+    """``nan`` passed every range check (a grace skipped, a wait never ending) and ``inf``
+    broke ``time.sleep`` (a traceback after the map was flipped) or the run's JSON
+    parameters: each is now refused before anything starts."""
+    out = run_farm({**farm_env, "FARM_CONTROL_DSN": "mysql://root@127.0.0.1:1/nowhere"}, *args,
+                   timeout=60)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("farm: error: Invalid value for '--"), lines
+
+
+def test_followers_of_an_id_that_is_not_a_board_is_a_usage_error(farm_env, router):
+    """``farm followers`` of a pin's or user's ID printed an empty page (exit 0), as if a
+    board had no followers; it is refused like any ID of the wrong kind."""
+    pin = str((SHARDS_A[0] << 46) | (1 << 36) | 5)
+    out = run_farm(farm_env, "followers", pin)
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [f"farm: error: {pin} is not a board ID (it is a pin)"]

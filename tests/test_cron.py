@@ -65,13 +65,23 @@ def test_slots_between_catches_up_oldest_first_and_bounded():
     assert scheduler.slots_between("0 3 * * *", None, exactly) == [exactly]
 
 
-@pytest.mark.parametrize("expr", ["0 3 * *", "61 3 * * *", "every night", "0 3 * * * *"])
+@pytest.mark.parametrize("expr", ["0 3 * *", "61 3 * * *", "every night", "0 3 * * * *",
+                                  "0 3 31 2 *", "0 3 30 2 *", "0 0 31 4,6 *"])
 def test_bad_expression_is_one_clear_line(expr, farm_env):
     with pytest.raises(UsageError, match="bad --at"):
         scheduler.check_expression(expr)
     out = run_farm(farm_env, "cron", "--at", expr, "--once")
     assert out.returncode != 0 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "bad --at" in out.stderr
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x" * 21, "nächte"])
+def test_a_bad_name_is_a_usage_error(name, farm_env):
+    """``--name`` is a flag: a bad one exits 2 (it was 1, as a configuration error)."""
+    out = run_farm(farm_env, "cron", "--name", name, "--once")
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert out.stderr.splitlines() == [f"farm: error: bad --name {name!r} (letters, digits, "
+                                       "'-'; 20 at most)"]
 
 
 def test_run_ids_are_one_per_slot():

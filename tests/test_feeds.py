@@ -176,3 +176,17 @@ def test_swap_is_atomic(graph, env, router, r, settings, ledger):
     assert reader.bad == []
     assert reader.seen["old"] and reader.seen["new"]
     assert all(r.lrange(f"home:{u}", 0, -1) == new[u] for u in users)
+
+
+def test_a_user_on_a_shard_the_map_does_not_hold_is_refused_before_a_run(farm_env, ledger,
+                                                                        router):
+    """``--users`` naming a user of a shard outside the map is a usage mistake, in one line
+    before anything starts (a run was started, and its chunk failed on a worker)."""
+    away = ids.encode(SHARDS_B[1] + 1, "user", 5)
+    runs_before = ledger.runs(limit=1000)
+    out = run_farm(farm_env, "feeds", "rebuild", "--users", f"{away}")
+    assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
+    assert out.stderr.splitlines() == [
+        f"farm: error: --users: user {away} is on shard {SHARDS_B[1] + 1}, which the shard map "
+        "does not hold"]
+    assert ledger.runs(limit=1000) == runs_before

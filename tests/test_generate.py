@@ -270,3 +270,31 @@ def test_unreachable_database_is_a_farm_error():
         generate(bad, 5)
     assert "secret" not in str(info.value)
     assert not isinstance(info.value, pymysql.MySQLError)
+
+
+@pytest.mark.parametrize("replace", [(), ("--replace", "--yes")])
+def test_a_farm_database_is_never_taken_for_the_legacy_one(farm_env, router, replace):
+    """A legacy DSN naming a shard (a slip of the database name) had the shard's object
+    tables dropped and made legacy tables, and an empty shard without even --replace:
+    the farm's own databases are refused, in one line, and left as they were."""
+    from tests.conftest import SHARDS_A
+    shard = f"db{SHARDS_A[0]:05d}"
+    before = _create_users(shard)
+    env = {**farm_env, "FARM_LEGACY_DSN": f"mysql://root@127.0.0.1:3306/{shard}"}
+    out = run_farm(env, "legacy", "generate", "--users", "3", *replace)
+    assert out.returncode == 1, (out.returncode, out.stderr)
+    assert out.stderr.splitlines() == [
+        f"farm: error: database '{shard}' on 127.0.0.1:3306 is one of the farm's own databases "
+        "(it holds chunk_fences, shard_state), not a legacy one: nothing was generated; point "
+        "FARM_LEGACY_DSN (or --legacy-dsn) at the legacy database"]
+    assert _create_users(shard) == before
+
+
+def _create_users(database: str) -> str:
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", database=database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW CREATE TABLE users")
+            return cur.fetchone()[1]
+    finally:
+        conn.close()

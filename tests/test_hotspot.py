@@ -215,6 +215,14 @@ def test_bad_rebalance_requests(router):
         reverser.plan(router, ["pins"])
 
 
+def test_a_table_named_twice_is_rebuilt_once(router, hot_board):
+    """``farm reverse T T`` plans T once: its chunks were planned twice (every row written
+    twice, and counted twice in the run's summary)."""
+    once = reverser.plan(router, ["board_followedby_users"], chunk_rows=500)
+    twice = reverser.plan(router, ["board_followedby_users"] * 2, chunk_rows=500)
+    assert once[1] and twice == once
+
+
 @pytest.mark.slow
 def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env):
     from tests.conftest import run_farm

@@ -72,3 +72,22 @@ def test_kill_the_master_promote_the_slave_and_keep_writing(doomed_pair, server_
     assert store.get_many(more).missing == []
     assert pair.slave.sql("SELECT @@read_only")[0][0] == 0
     router.close()
+
+
+@pytest.mark.slow
+def test_a_refused_promotion_leaves_a_live_master_writable(doomed_pair, server_b, farm_env,
+                                                           tmp_path):
+    """Promote makes a master that still answers read-only before it compares positions; a
+    refusal (the slave is behind) gives it back its writes: the fleet stayed read-only."""
+    pair = doomed_pair
+    doc = map_with_pair(server_b.port, pair)
+    doc["shards"].append({"range": list(RANGE), "master": "PairM", "slave": "PairS"})
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(doc))
+    env = {**farm_env, "FARM_SHARDMAP": str(path), "FARM_CONNECT_TIMEOUT": "3"}
+    pair.slave.sql("STOP SLAVE SQL_THREAD")  # the slave receives but does not apply
+    pair.master.sql("CREATE DATABASE IF NOT EXISTS promote_probe")
+    out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
+    assert out.returncode == 1 and "PairS is behind its master PairM" in out.stderr, out.stderr
+    assert pair.master.sql("SELECT @@read_only")[0][0] == 0
+    assert json.loads(path.read_text())["version"] == 1

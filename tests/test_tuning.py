@@ -28,6 +28,7 @@ BAD = [
     ("FARM_LOG_LEVEL", "loud", "one of DEBUG"),
     ("FARM_LOG_FORMAT", "yaml", "one of text, json"),
     ("FARM_EXPORT_CRON", "every night", "5 cron fields"),
+    ("FARM_EXPORT_CRON", "0 3 31 2 *", "of a date that exists"),  # never fires
 ]
 
 
@@ -97,6 +98,7 @@ def test_workers_refuse_to_start_on_a_bad_value(farm_env):
 def test_export_cron_from_the_environment_exits_1_and_from_at_exits_2(farm_env):
     _one_line(run_farm({**farm_env, "FARM_EXPORT_CRON": "nope"}, "cron", "--once"), 1,
               "farm: error: bad FARM_EXPORT_CRON: 'nope' (5 cron fields such as "
-              "'0 3 * * *', in UTC)")
+              "'0 3 * * *', in UTC, of a date that exists)")
     _one_line(run_farm(farm_env, "cron", "--once", "--at", "nope"), 2,
-              "farm: error: bad --at: 'nope' (5 cron fields such as '0 3 * * *', in UTC)")
+              "farm: error: bad --at: 'nope' (5 cron fields such as '0 3 * * *', in UTC, "
+              "of a date that exists)")

@@ -33,7 +33,7 @@ from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
 from shardfarm import tuning
-from shardfarm.errors import ConfigError, DatabaseError
+from shardfarm.errors import ConfigError, DatabaseError, UsageError
 
 log = logging.getLogger(__name__)
 DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
@@ -50,6 +50,17 @@ def check_expression(expr: str) -> str:
     """A 5-field cron expression (minute hour day month weekday, UTC) given as ``--at``, or
     one clear line (``UsageError``); checked by ``shardfarm.tuning`` like FARM_EXPORT_CRON."""
     return str(tuning.value("FARM_EXPORT_CRON", given=expr, flag="--at"))
+
+
+def check_name(name: str, flag: str | None = None) -> str:
+    """A schedule entry's name (letters, digits, '-'; 20 at most: it is part of run IDs
+    and keys), or one line: a ``UsageError`` naming ``flag`` when given, else a
+    ``ConfigError``."""
+    if name.replace("-", "").isascii() and name.replace("-", "").isalnum() and len(name) <= 20:
+        return name
+    error = UsageError if flag else ConfigError
+    raise error(f"bad {flag or 'cron entry name'} {name[:40]!r} (letters, digits, '-'; "
+                "20 at most)")
 
 
 def utcnow() -> dt.datetime:
@@ -85,9 +96,7 @@ class Scheduler:
                  export_args: dict | None = None,
                  now: Callable[[], dt.datetime] = utcnow, owner: str | None = None,
                  lease_seconds: float = LEASE_SECONDS, catch_up: int = CATCH_UP) -> None:
-        if not name.replace("-", "").isalnum() or len(name) > 20:
-            raise ConfigError(f"bad cron entry name {name!r} (letters, digits, '-'; 20 at most)")
-        self.rt, self.name, self.at = rt, name, check_expression(at)
+        self.rt, self.name, self.at = rt, check_name(name), check_expression(at)
         self.export_args = dict(export_args or {})
         self.now, self.catch_up = now, catch_up
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"

@@ -51,13 +51,22 @@ def _ready(rt: Runtime, notice: Notice) -> None:
     warn_without_workers(rt, notice)
 
 
+def _start(rt: Runtime, kind: str, handler: str, chunks: list, params: dict,
+           notice: Notice) -> str:
+    """Start a planned run (``notice`` hears when no worker is alive): the note comes after
+    planning, so that a usage mistake planning finds is the command's one line."""
+    warn_without_workers(rt, notice)
+    return runs.start(rt, kind, handler, chunks, params)
+
+
 def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
             notice: Notice = _silent, max_lag: float | None = None,
             slice_rows: int = migration.DEFAULT_SLICE_ROWS) -> str:
     """Start the load of the whole legacy database into the shards as one run."""
-    _ready(rt, notice)
+    preflight(rt.settings, rt.router)
     params, chunks = migration.plan(rt.settings, rt.router, rt.ledger, chunk_rows, slice_rows)
-    return runs.start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag))
+    return _start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag),
+                  notice)
 
 
 def migrate_run(rt: Runtime, run_id: str | None) -> dict:
@@ -144,22 +153,23 @@ def cron_scheduler(rt: Runtime, name: str, at: str, export_args: dict) -> schedu
 def feeds(rt: Runtime, user_ids: list[int] | None, chunk_users: int, length: int,
           notice: Notice = _silent) -> str:
     """Start the rebuild of the home feeds of ``user_ids`` (``None``: every active user)."""
-    _ready(rt, notice)
+    preflight(rt.settings, rt.router)
     params, chunks = feeder.plan(rt.router, chunk_users, length, user_ids)
-    return runs.start(rt, feeder.KIND, feeder.HANDLER, chunks, params)
+    return _start(rt, feeder.KIND, feeder.HANDLER, chunks, params, notice)
 
 
 def reverse(rt: Runtime, tables: list[str], chunk_rows: int, notice: Notice = _silent,
             max_lag: float | None = None) -> str:
     """Start the rebuild of reverse mapping ``tables`` (all: empty) from their forward ones."""
-    _ready(rt, notice)
+    preflight(rt.settings, rt.router)
     params, chunks = reverser.plan(rt.router, tables, chunk_rows)
-    return runs.start(rt, "reverse", reverser.HANDLER, chunks, _throttled(params, max_lag))
+    return _start(rt, "reverse", reverser.HANDLER, chunks, _throttled(params, max_lag), notice)
 
 
 def rebalance(rt: Runtime, table: str, threshold: int, spread: int,
               notice: Notice = _silent, max_lag: float | None = None) -> str:
     """Start spreading the boards of ``table`` above ``threshold`` rows over ``spread`` shards."""
-    _ready(rt, notice)
+    preflight(rt.settings, rt.router)
     params, chunks = rebalancer.plan(rt.router, table, threshold, spread)
-    return runs.start(rt, "rebalance", rebalancer.HANDLER, chunks, _throttled(params, max_lag))
+    return _start(rt, "rebalance", rebalancer.HANDLER, chunks, _throttled(params, max_lag),
+                  notice)

@@ -19,7 +19,7 @@ from operator import itemgetter
 
 from demo.legacygen.clean import CleanBuilder, LegacyData
 from demo.legacygen.corrupt import Corrupter
-from demo.legacygen.origin import record_origin
+from demo.legacygen.origin import record_origin, refuse_farm_database
 from demo.legacygen.write import ZERO, write
 from loaders.migration.legacy_schema import LEGACY_TABLES
 from shardfarm.errors import TransientDatabaseError, UnreachableError
@@ -99,6 +99,7 @@ def generate(dsn: DSN, users: int, seed: int = 1,
     data check ``origin.refuse_to_replace`` before). ``made_by``, users and seed
     are recorded in the database (``origin``). ``progress(n)`` is called as rows land.
     """
+    refuse_farm_database(dsn)
     data = build(users, seed)
     record_origin(dsn, made_by, users, seed, complete=False)
     for attempt in range(3):  # write() starts from empty tables, so it may simply run again

@@ -11,13 +11,16 @@ from __future__ import annotations
 import pymysql
 
 from loaders.migration.legacy_schema import LEGACY_TABLES
-from shardfarm.errors import FatalError
+from shardfarm.errors import ConfigError, FatalError
 from shardfarm.mysql.db import connect, ensure_database
 from shardfarm.mysql.dsn import DSN
 from shardfarm.mysql.pool import translate
 
 ORIGIN_TABLE = "farm_generated"
 COUNT_CAP = 1_000_000  # rows counted per table at most: a real legacy table may be huge
+# tables only the farm's own databases hold: a shard (``shard_state``), a mod bucket
+# (``legacy_id_map``), either (``chunk_fences``), the control database (the rest)
+FARM_TABLES = ("shard_state", "legacy_id_map", "chunk_fences", "sync_state", "export_parts")
 
 _DDL = (f"CREATE TABLE IF NOT EXISTS `{ORIGIN_TABLE}` (id TINYINT PRIMARY KEY, "
         "made_by VARCHAR(64) NOT NULL, users INT NOT NULL, seed BIGINT NOT NULL, "
@@ -112,3 +115,18 @@ def refuse_to_replace(dsn: DSN,
     counts = legacy_rows(dsn)
     if sum(counts.values()):
         raise FatalError(f"legacy {where(dsn)} holds {describe_rows(counts)}; {what}")
+
+
+def refuse_farm_database(dsn: DSN) -> None:
+    """``ConfigError`` when the DSN names one of the farm's own databases (a shard, a mod
+    bucket, the control database): a shard's ``users``, ``boards``, ``pins`` and
+    ``comments`` would be dropped and made legacy tables, ``--replace`` or not."""
+    found = [t for (t,) in _query(
+        dsn, "SELECT table_name FROM information_schema.tables WHERE table_schema = %s AND "
+             f"table_name IN ({', '.join(['%s'] * len(FARM_TABLES))})",
+        (dsn.database, *FARM_TABLES))]
+    if found:
+        raise ConfigError(f"{where(dsn)} is one of the farm's own databases (it holds "
+                          f"{', '.join(sorted(found))}), not a legacy one: nothing was "
+                          "generated; point FARM_LEGACY_DSN (or --legacy-dsn) at the legacy "
+                          "database")

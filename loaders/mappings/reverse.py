@@ -47,7 +47,7 @@ def plan(router: Router, tables: list[str], chunk_rows: int = DEFAULT_CHUNK_ROWS
     Tables take turns in the queue, so that workers running side by side write different
     tables instead of contending for the same index pages; each table's largest chunks
     come first, so that workers taking them in turn end together."""
-    tables = tables or list(REVERSES)
+    tables = list(dict.fromkeys(tables)) or list(REVERSES)  # a table named twice: once
     unknown = [t for t in tables if t not in REVERSES]
     if unknown:
         names = ", ".join(repr(t)[1:-1][:64] for t in unknown)

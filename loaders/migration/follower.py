@@ -131,6 +131,7 @@ class Follower:
         try:
             while not self.stop.is_set():
                 changes = sync.Changes()
+                target = binlog.current_position(reader) if self.until_caught_up else None
                 mark = feed.take(changes, BATCH_ROWS)
                 act = runwatch.activity(self.ledger)
                 blocker = act.blocker(run["run_id"])
@@ -141,8 +142,8 @@ class Follower:
                 if not self._flush(readers, fence, token, run, changes, mark, upto, act.at):
                     return False
                 upto = mark.position
-                if mark.idle and self.until_caught_up and self._caught_up(reader):
-                    return True
+                if target is not None and binlog.behind(upto, target) == 0:
+                    return True  # everything logged before this batch was read is applied
             return True
         finally:
             feed.close()
@@ -212,10 +213,6 @@ class Follower:
         finally:
             done.set()
             beater.join()
-
-    def _caught_up(self, reader: LegacyReader) -> bool:
-        state = self.ledger.sync_state.read()
-        return binlog.behind(state.get("gtid") or "", binlog.current_position(reader)) == 0
 
 
 def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
