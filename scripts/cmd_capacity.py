@@ -56,7 +56,9 @@ def _pair(text: str) -> tuple[str, str]:
               help="After the flip and --grace seconds, drop the source copies.")
 @click.option("--grace", default=30.0, show_default=True, type=Seconds(min=0),
               help="Seconds between the flip and dropping the source copies.")
-@click.option("--dry-run", is_flag=True, help="With --drop-source: list what would be dropped.")
+@click.option("--dry-run", is_flag=True,
+              help="Check the move and print what it would do (with --drop-source, the source "
+                   "copies it would drop too); change nothing.")
 @click.option("--yes", is_flag=True, help="With --drop-source: do not ask.")
 @farm_options
 def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
@@ -70,9 +72,13 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
     """
     lo, hi = parse_range(shards)
     master, slave = _pair(to)
-    if (dry_run or yes) and not drop_source:
-        raise UsageError("--dry-run and --yes go with --drop-source")
-    if drop_source and not dry_run:  # asked before the move, not at its end
+    if yes and not drop_source:
+        raise UsageError("--yes goes with --drop-source")
+    if dry_run:
+        emit(capacity.preview(app.runtime, lo, hi, master, slave,
+                              rows_per_range=rows_per_chunk, drop_source=drop_source))
+        return
+    if drop_source:  # asked before the move, not at its end
         what = f"drop the source copies of shards {lo}-{hi} after the move"
         go_ahead(lambda: ([what], {"drop_source": [lo, hi]}), dry_run=False, yes=yes,
                  question="Move, then drop them?", refuse_off_terminal=True)
@@ -81,8 +87,7 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
     summary, plan = capacity.move(rt, lo, hi, master, slave, rows_per_range=rows_per_chunk,
                                   follow=follow, max_lag=max_lag, notice=note)
     if drop_source:
-        dropped = capacity.drop_sources(rt, plan, grace, dry_run, notice=note)
-        summary["would_drop" if dry_run else "dropped"] = dropped
+        summary["dropped"] = capacity.drop_sources(rt, plan, grace, notice=note)
     emit(summary)
 
 

@@ -213,12 +213,17 @@ def test_a_move_killed_between_its_flip_and_its_thaw_is_finished_when_run_again(
     flipped = _current_map(moved_map)
     assert flipped.version == 2 and flipped.master(lo).name == "PairM"
     assert _source_states(moved_map, (lo, hi)) == [(0, True), (0, True)]
-    out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS",
-                   "--drop-source", "--dry-run", timeout=120)
+    move = ("shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS")
+    out = run_farm(e, *move, "--drop-source", "--dry-run", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    preview = json.loads(out.stdout.splitlines()[-1])
+    assert preview["dry_run"] and preview["already_flipped"], preview
+    assert preview["would_drop"] == [f"TestA1:{shard_db(s)}" for s in (lo, hi)]
+    assert _source_states(moved_map, (lo, hi)) == [(0, True), (0, True)]  # a dry run: as it was
+    out = run_farm(e, *move, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["already_flipped"] and summary["version"] == 2, summary
-    assert summary["sources_recorded"] == [lo, hi]
-    assert summary["would_drop"] == [f"TestA1:{shard_db(s)}" for s in (lo, hi)]
+    assert summary["sources_recorded"] == [lo, hi] and "dropped" not in summary
     assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     assert "Traceback" not in log

@@ -1,5 +1,6 @@
 """``farm shards move`` with the map in ZooKeeper: the node in force puts the range on its new
-pair; --drop-source lists (--dry-run) or drops (--yes) the source copies, never without."""
+pair; --dry-run changes nothing (it lists the copies --drop-source would drop);
+--drop-source drops the source copies with --yes, never without."""
 
 from __future__ import annotations
 
@@ -45,8 +46,13 @@ def test_move_through_zookeeper_and_drop_the_source(zk_server, server_b, repl_pa
         refused = run_farm(e, "shards", "move", f"{R[0]}-{R[1]}", "--to", "TestB1/TestB2",
                            "--drop-source")
         assert refused.returncode == 2 and "without --yes" in refused.stderr, refused.stderr
-        first = _move(e, "TestB1/TestB2", "--drop-source", "--dry-run")
-        assert first["version"] == 3 and len(first["would_drop"]) == 2
+        preview = _move(e, "TestB1/TestB2", "--drop-source", "--dry-run")
+        assert preview["dry_run"] and preview["version"] == 3 and preview["chunks"] > 0
+        assert preview["would_drop"] == [f"PairM:{shard_db(s)}" for s in R]
+        assert source.current().master(R[0]).name == "PairM"  # nothing moved
+        assert source.current().version == 2 and _dbs(server_b) == set()
+        first = _move(e, "TestB1/TestB2")
+        assert first["version"] == 3 and "dropped" not in first
         assert source.current().master(R[0]).name == "TestB1"  # the node in force says so
         assert _dbs(repl_pair.master) == {shard_db(R[0]), shard_db(R[1])}  # nothing dropped
         store.delete(made[0])  # a change on the new home, then back to the pair

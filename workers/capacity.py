@@ -17,6 +17,7 @@ from jobs.runtime import Runtime
 from loaders.capacity import copy as capcopy
 from loaders.capacity import move as capmove
 from shardfarm.errors import FatalError
+from sharding.schema import shard_db
 from workers.launch import Notice, _silent, warn_without_workers
 
 Follow = Callable[[str], str]
@@ -35,23 +36,52 @@ def _copy_run(rt: Runtime, p: capmove.MovePlan, max_lag: float | None) -> str:
     return runs.start(rt, KIND, capcopy.HANDLER, p.chunks(), {**p.params, **extra})
 
 
-def _finish_flipped(rt: Runtime, lo: int, hi: int, master: str, slave: str
-                    ) -> tuple[dict, capmove.MovePlan] | None:
-    """The same move run again after its flip (killed before the sources recorded it): the
-    source copies record the flipped version and are thawed. ``None`` if no copy run of
-    this move is known (the shards were on ``master`` all along)."""
+def _flipped_plan(rt: Runtime, lo: int, hi: int, master: str, slave: str
+                  ) -> tuple[str, capmove.MovePlan] | None:
+    """The copy run and plan of this move, already flipped; ``None`` if no copy run of this
+    move is known (the shards were on ``master`` all along)."""
     for run_id in rt.ledger.runs(limit=50):
         run = rt.ledger.run(run_id)
         prm = run["params"]
         if (run["kind"] == KIND and prm.get("range") == [lo, hi] and prm.get("sources")
                 and prm.get("to") == f"{master}/{slave}" and run["status"] == "done"):
             p = capmove.MovePlan.of_params(prm)
-            if rt.router.shardmap.version <= p.version:
-                return None
-            found = capmove.record_flip(rt.router, p)
-            return {"moved": [lo, hi], "to": f"{master}/{slave}", "version": p.version + 1,
-                    "run_id": run_id, "already_flipped": True, "sources_recorded": found}, p
+            return None if rt.router.shardmap.version <= p.version else (run_id, p)
     return None
+
+
+def _finish_flipped(rt: Runtime, lo: int, hi: int, master: str, slave: str
+                    ) -> tuple[dict, capmove.MovePlan] | None:
+    """The same move run again after its flip (killed before the sources recorded it): the
+    source copies record the flipped version and are thawed. ``None`` if no copy run of
+    this move is known."""
+    found = _flipped_plan(rt, lo, hi, master, slave)
+    if found is None:
+        return None
+    run_id, p = found
+    recorded = capmove.record_flip(rt.router, p)
+    return {"moved": [lo, hi], "to": f"{master}/{slave}", "version": p.version + 1,
+            "run_id": run_id, "already_flipped": True, "sources_recorded": recorded}, p
+
+
+def preview(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
+            rows_per_range: int = capmove.ROWS_PER_RANGE, drop_source: bool = False) -> dict:
+    """What ``move`` would do, changing nothing (``--dry-run``): its checks, where the shards
+    are, the copy's chunks, the map version it would make, and with ``drop_source`` the
+    source copies it would drop."""
+    doc: dict = {"dry_run": True, "would_move": [lo, hi], "to": f"{master}/{slave}"}
+    if capmove.flipped(rt.router, lo, hi, master):
+        found = _flipped_plan(rt, lo, hi, master, slave)
+        if found is None:
+            return {**doc, "would_move": None, "already_on": master}
+        p, doc = found[1], {**doc, "already_flipped": True, "run_id": found[0]}
+    else:
+        p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
+        doc.update({"from": sorted(set(p.sources.values())), "chunks": len(p.chunks()),
+                    "version": p.version + 1})
+    if drop_source:
+        doc["would_drop"] = [f"{p.sources[s]}:{shard_db(s)}" for s in range(p.lo, p.hi + 1)]
+    return doc
 
 
 def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
@@ -99,10 +129,10 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
             "frozen_seconds": phases["frozen"], "seconds": phases}, p
 
 
-def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float, dry_run: bool,
+def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float,
                  notice: Notice = _silent) -> list[str]:
     """After ``grace`` seconds (readers of the old map finish), drop the source copies."""
-    if not dry_run and grace > 0:
+    if grace > 0:
         notice(f"dropping the source copies in {grace:g} s")
         time.sleep(grace)
-    return capmove.drop_sources(rt.router, p, dry_run)
+    return capmove.drop_sources(rt.router, p)

@@ -199,7 +199,7 @@ def flip(spec: str, p: MovePlan, timeout: float = 10.0) -> int:
     return amend(spec, change, timeout).version
 
 
-def drop_sources(router: Router, p: MovePlan, dry_run: bool = False) -> list[str]:
+def drop_sources(router: Router, p: MovePlan) -> list[str]:
     """Drop the source copies of moved shards (only those that recorded the flip)."""
     out = []
     for s in range(p.lo, p.hi + 1):
@@ -209,7 +209,6 @@ def drop_sources(router: Router, p: MovePlan, dry_run: bool = False) -> list[str
             raise FatalError(f"{shard_db(s)} on {src.name} has not recorded the move; "
                              "nothing dropped")
         out.append(f"{src.name}:{shard_db(s)}")
-        if not dry_run:
-            router.run_on(src, lambda cur, s=s: cur.execute(
-                f"DROP DATABASE IF EXISTS `{shard_db(s)}`"), s)
+        router.run_on(src, lambda cur, s=s: cur.execute(
+            f"DROP DATABASE IF EXISTS `{shard_db(s)}`"), s)
     return out
