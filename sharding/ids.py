@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from shardfarm.errors import InvalidIdError
@@ -17,6 +18,7 @@ TYPE_SHIFT = LOCAL_BITS
 # its own local ID; the shard's AUTO_INCREMENT hands out the rest, from FIRST_ALLOCATED up.
 FIRST_ALLOCATED = 1 << (LOCAL_BITS - 1)
 
+_ID_TEXT = re.compile(r"0[xX][0-9a-fA-F]{1,16}|[0-9]{1,20}")  # an ID as text: ASCII only
 TYPES: dict[str, int] = {"pin": 1, "board": 2, "user": 3, "comment": 4}
 TYPE_NAMES: dict[int, str] = {v: k for k, v in TYPES.items()}
 
@@ -45,7 +47,7 @@ def type_id(type_: int | str) -> int:
     if isinstance(type_, str):
         if type_ in TYPES:
             return TYPES[type_]
-        if not type_.isdigit():
+        if not (type_.isascii() and type_.isdigit()):
             raise InvalidIdError(f"unknown type {type_!r} (known: {', '.join(TYPES)})")
         type_ = int(type_)
     if not 0 <= type_ <= MAX_TYPE:
@@ -78,13 +80,12 @@ def decode(id_: int) -> DecodedId:
 
 
 def parse(text: str) -> DecodedId:
-    """Parse a decimal (or 0x hex) ID from text and decode it."""
+    """Parse a decimal (or 0x hex) ID from text and decode it: ASCII digits only (Python's
+    ``int`` would also take ``1_000`` and other scripts' digits)."""
     s = text.strip()
-    try:
-        value = int(s, 16) if s.lower().startswith("0x") else int(s, 10)
-    except ValueError:
-        raise InvalidIdError(f"not an integer id: {text!r}") from None
-    return decode(value)
+    if not _ID_TEXT.fullmatch(s):
+        raise InvalidIdError(f"not an integer id: {text[:40]!r}")
+    return decode(int(s, 16) if s[:2] in ("0x", "0X") else int(s, 10))
 
 
 def shard_of(id_: int) -> int:

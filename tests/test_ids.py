@@ -57,7 +57,19 @@ def test_decode_refuses(value, words):
         ids.decode(value)
 
 
-@pytest.mark.parametrize("text", ["", "abc", "1.5", "0x", "12 34"])
+@pytest.mark.parametrize("text", ["", "abc", "1.5", "0x", "12 34", "68_719_476_737",
+                                  "0x_1000000001", "\u0663", "+68719476737", "1" * 400])
 def test_parse_refuses_text(text):
+    """ASCII digits only: Python's ``int`` also takes underscores, a sign and other scripts'
+    digits (``'\u0663'`` is 3), and would spend quadratic time on a huge number."""
     with pytest.raises(InvalidIdError):
         ids.parse(text)
+
+
+def test_parse_takes_decimal_and_hex_with_spaces_around():
+    assert ids.parse(" 68719476737 ").local == ids.parse("0x1000000001").local == 1
+
+
+def test_a_type_in_other_digits_is_unknown():
+    with pytest.raises(InvalidIdError, match="unknown type"):
+        ids.type_id("\u0663")
