@@ -159,6 +159,12 @@ STATEMENTS: list[str] = [
     "ALTER TABLE sync_state ADD COLUMN IF NOT EXISTS applying_from VARCHAR(1000) NULL, "
     "ADD COLUMN IF NOT EXISTS applying_to VARCHAR(1000) NULL, "
     "ADD COLUMN IF NOT EXISTS applying_fence BIGINT NULL",
+    # which farm this control database is (farmcore.identity): made once, never changed
+    """CREATE TABLE IF NOT EXISTS farm_identity (
+  one TINYINT NOT NULL PRIMARY KEY,
+  farm_id CHAR(36) NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
+    "INSERT IGNORE INTO farm_identity (one, farm_id) VALUES (1, UUID())",
 ]
 
 

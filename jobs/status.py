@@ -22,6 +22,8 @@ from farmcore import keys, ledger_size
 from farmcore.progress import read_progress
 from jobs.runtime import Runtime
 
+SUPERVISOR_FRESH = 15.0  # seconds since a supervisor's last heartbeat (it beats every 0.5 s)
+
 
 def worker_name(host: str | None = None) -> str:
     """``host:pid:token``: which machine a worker runs on is in its name, not only in rq's
@@ -88,15 +90,40 @@ def workers_view(rt: Runtime, workers: list[Worker] | None = None) -> dict:
         h = per_host[host_of(w)]
         h["workers"] += 1
         h["busy"] += w.get_state() == "busy"
-    now = time.time()
-    for me, raw in rt.redis.hgetall(keys.supervisors()).items():
-        doc = json.loads(raw)
-        if now - doc["at"] > 15:
-            rt.redis.hdel(keys.supervisors(), me)
-            continue
+    for doc in read_supervisors(rt.redis):
         h = per_host[doc["host"]]
         h["desired"] = (h["desired"] or 0) + doc["desired"]
     return dict(per_host)
+
+
+def read_supervisors(conn: redis.Redis) -> list[dict]:
+    """The supervisors' heartbeats (``workers.supervisor``) of the last ``SUPERVISOR_FRESH``
+    seconds; stale ones are deleted, and entries that are not a supervisor's (whatever was
+    written into Redis) skipped, never an error."""
+    out, now = [], time.time()
+    for me, raw in conn.hgetall(keys.supervisors()).items():
+        doc = _supervisor(raw)
+        if doc is None:
+            continue
+        if now - doc["at"] > SUPERVISOR_FRESH:
+            conn.hdel(keys.supervisors(), me)
+            continue
+        out.append(doc)
+    return out
+
+
+def _supervisor(raw: bytes) -> dict | None:
+    """A heartbeat as the supervisor writes it, else ``None``."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    fields = {"host": str, "at": (int, float), "desired": int}
+    if not isinstance(doc, dict) or not all(
+            isinstance(doc.get(k), t) and not isinstance(doc.get(k), bool)
+            for k, t in fields.items()):
+        return None
+    return doc
 
 
 def queues_view(rt: Runtime) -> dict:

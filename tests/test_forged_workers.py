@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 import redis
@@ -14,6 +15,7 @@ from rq.serializers import JSONSerializer
 
 from dashboard.actions import Guard
 from dashboard.app import create_app
+from farmcore import keys
 from jobs import status
 from tests.conftest import run_farm
 from workers.metrics import SupervisorMetrics
@@ -98,3 +100,22 @@ def test_supervisor_metrics_skip_forged_worker_entries(conn):
     metrics.observe_workers(conn, [4242], desired=1)
     assert metrics.registry.get_sample_value(
         "shardfarm_supervisor_workers", {"host": HOST, "state": "alive"}) == 1
+
+
+FORGED_SUPERVISORS = [b"garbage", b"[1, 2]", b'{"host": "h"}',
+                      b'{"host": 7, "at": 1e12, "desired": 1}',
+                      b'{"host": "h", "at": "now", "desired": 1}',
+                      b'{"host": "h", "at": 1e12, "desired": "1"}',
+                      b'{"host": "h", "at": 1e12, "desired": true}']
+
+
+def test_forged_supervisor_heartbeats_are_skipped(rt, conn):
+    """``farm status``, the dashboard and a command's worker check read the supervisors'
+    heartbeats: entries that are not one (before: a traceback) are skipped."""
+    real = {"host": HOST, "pid": 1, "workers": 1, "desired": 3, "queues": ["farm"],
+            "at": time.time(), "farm_id": None}
+    conn.hset(keys.supervisors(), mapping={f"evil{i}": raw
+                                           for i, raw in enumerate(FORGED_SUPERVISORS)})
+    conn.hset(keys.supervisors(), "real", json.dumps(real))
+    assert [d["host"] for d in status.read_supervisors(conn)] == [HOST]
+    assert status.workers_view(rt)[HOST]["desired"] == 3

@@ -15,9 +15,11 @@ from rq import Worker
 
 from exporters import dump
 from exporters import export as exporter
+from farmcore.identity import farm_id
 from farmcore.preflight import preflight
 from jobs import runs
 from jobs.runtime import Runtime
+from jobs.status import read_supervisors
 from loaders import feeds as feeder
 from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
@@ -35,9 +37,19 @@ def _silent(line: str) -> None:
 
 
 def warn_without_workers(rt: Runtime, notice: Notice) -> None:
-    """Tell ``notice`` when no worker is alive to run the chunks."""
+    """Tell ``notice`` when no worker is alive to run the chunks, or when supervisors serve
+    another control database (their workers take the run's jobs from the shared queue and
+    cannot run them)."""
     if not Worker.count(connection=rt.redis):
         notice(NO_WORKERS)
+        return
+    ours = farm_id(rt.ledger.pool)
+    others = sorted({d["host"] for d in read_supervisors(rt.redis)
+                     if d.get("farm_id") and d["farm_id"] != ours})
+    if ours and others:
+        notice(f"workers on {', '.join(others[:5])} serve another control database than "
+               f"{rt.settings.control_dsn} (check their FARM_CONTROL_DSN): they cannot run "
+               "this run's chunks")
 
 
 def _throttled(params: dict, max_lag: float | None) -> dict:

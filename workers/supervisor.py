@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import redis
 
 from farmcore import keys
+from farmcore.identity import farm_id
 from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
 from shardfarm.mysql.infile import sweep_temp
@@ -106,6 +107,7 @@ class Supervisor:
     _started: dict[int, float] = field(default_factory=dict)
     _failing: int = 0  # workers in a row that exited on their own soon after starting
     _spawn_after: float = 0.0
+    _farm_id: str | None = None  # of the control database its workers serve (identity)
 
     def __post_init__(self) -> None:
         self.rt = Runtime(self.settings)
@@ -219,7 +221,8 @@ class Supervisor:
     def report(self) -> None:
         """Heartbeat this supervisor in Redis for ``farm status``."""
         doc = {"host": self.host, "pid": os.getpid(), "workers": len(self.alive()),
-               "desired": self.desired, "queues": self.queues, "at": time.time()}
+               "desired": self.desired, "queues": self.queues, "at": time.time(),
+               "farm_id": self._farm_id}
         self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
         if self.metrics:
             self.metrics.drain(self.conn)
@@ -251,6 +254,7 @@ class Supervisor:
                     self.converge()
                 self.report()
                 if time.monotonic() - last_maint > MAINTENANCE_EVERY:
+                    self._farm_id = self._farm_id or farm_id(self.rt.ledger.pool)
                     maintenance.run_once(self.rt, self.me, self.queues)
                     if swept := sweep_temp():
                         log.info("deleted %d LOAD DATA temp file(s) of ended workers", swept)
