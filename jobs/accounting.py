@@ -139,9 +139,10 @@ return 1
 # KEYS: jobs holding items, progress, counter, failed items, rq job. ARGV: job id, item
 # record, job record (with LOST_MARK where the count goes), (dedup bucket, id) pairs of items
 # it may carry. Nothing happens while the job is a hash. Its counted items are counted out
-# once (its entry in KEYS[1] goes); each pair whose entry still names it is recorded and
-# released; items counted but not named are one record of the job. Returns {counted out,
-# recorded}.
+# once (its entry in KEYS[1] goes); each pair whose entry still names it is released and
+# recorded, unless it has a record already (its worker failed it, with its arguments, before
+# the checkpoint that would have released it); items counted but not named are one record of
+# the job. Returns {counted out, recorded}.
 _REAP = Script(None, b"""
 if redis.call('TYPE', KEYS[5]).ok == 'hash' then return {-1, 0} end
 local jid = ARGV[1]
@@ -157,7 +158,7 @@ local named = 0
 for i = 4, #ARGV, 2 do
   if redis.call('HGET', ARGV[i], ARGV[i + 1]) == jid then
     redis.call('HDEL', ARGV[i], ARGV[i + 1])
-    redis.call('HSET', KEYS[4], ARGV[i + 1], ARGV[2])
+    redis.call('HSETNX', KEYS[4], ARGV[i + 1], ARGV[2])
     named = named + 1
   end
 end

@@ -18,10 +18,12 @@ from rq.serializers import JSONSerializer
 
 from farmcore import keys
 from jobs import accounting, enqueue_many, lost
+from jobs.items import _fail
 from jobs.itemwait import ItemWatch
 from jobs.policy import JobPolicy
 from jobs.queue import rq_queue
 from jobs.settle import retry_failed
+from shardfarm.errors import FatalError
 from tests.conftest import ROOT
 from workers import maintenance
 
@@ -180,3 +182,19 @@ def test_enqueue_wait_ends_with_exit_1_when_its_job_is_overwritten(plain_env, tm
     assert json.loads(out.strip().splitlines()[-1]) == {"enqueued": 3, "duplicates": 0,
                                                         "done": 0, "failed": 3}
     assert "3 item(s) failed: 'farm failed'" in err and _counter(conn) == 0
+
+
+def test_reaping_keeps_the_failure_record_an_item_already_has(plain_conn):
+    """An item its worker failed (with its arguments) before the checkpoint that releases
+    it keeps that record when its job is then reaped: 'farm retry-failed' can still run it."""
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    _fail(conn, Q, "tests.kinds.record", ["k0", ITEMS[0]], 1, FatalError("bad k0"), job)
+    conn.delete(accounting.JOB_PREFIX + job)
+    assert lost.sweep(conn, Q) == 5
+    failed = _failed(conn)
+    assert failed["k0"]["kwargs"] == ITEMS[0] and "bad k0" in failed["k0"]["error"]
+    assert all(REASON in failed[k]["error"] for k in _keys(range(1, 5)))
+    n, kept = retry_failed(conn, Q, JobPolicy.from_env())
+    assert n == 1 and len(kept) == 4
+
