@@ -77,7 +77,16 @@ def sweep(conn: redis.Redis, queue: str, limit: int = SWEEP_SLICE) -> int:
     """Look at about ``limit`` more jobs of ``queue`` that count items, from where the last
     sweep stopped, and reap those whose data is gone; returns how many items were counted
     out."""
-    cursor = int(conn.get(keys.lost_sweep(queue)) or 0)
-    cursor, entries = conn.hscan(keys.job_items(queue), cursor, count=limit)
+    cursor, entries = conn.hscan(keys.job_items(queue), _cursor(conn, queue), count=limit)
     conn.set(keys.lost_sweep(queue), cursor)
     return reap_jobs(conn, queue, not_hashes(conn, (k.decode() for k in entries)))
+
+
+def _cursor(conn: redis.Redis, queue: str) -> int:
+    """Where the sweep resumes; from the start when what is stored is not a cursor Redis
+    would take (whoever can write to Redis must not stop the sweep for good)."""
+    try:
+        raw = conn.get(keys.lost_sweep(queue)) or b"0"
+    except redis.ResponseError:  # not a string: the next SET replaces it
+        return 0
+    return int(raw) if raw.isdigit() and int(raw) < 1 << 64 else 0

@@ -198,3 +198,16 @@ def test_reaping_keeps_the_failure_record_an_item_already_has(plain_conn):
     n, kept = retry_failed(conn, Q, JobPolicy.from_env())
     assert n == 1 and len(kept) == 4
 
+
+@pytest.mark.parametrize("cursor", [b"banana", b"1.5", b"99999999999999999999999", None])
+def test_a_sweep_cursor_written_by_anyone_does_not_stop_the_sweep(plain_conn, cursor):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    if cursor is None:
+        conn.rpush(keys.lost_sweep(Q), "not a cursor")
+    else:
+        conn.set(keys.lost_sweep(Q), cursor)
+    conn.delete(accounting.JOB_PREFIX + job)
+    assert lost.sweep(conn, Q) == 5
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
+
