@@ -57,14 +57,19 @@ def not_hashes(conn: redis.Redis, job_ids: Iterable[str]) -> list[str]:
 def reap_jobs(conn: redis.Redis, queue: str, job_ids: list[str],
               candidates: dict[str, list[str]] | None = None) -> int:
     """Reap each of ``job_ids`` (``candidates``: item IDs each may carry; read from the dedup
-    index when not given); returns how many items were counted out."""
+    index when not given); returns how many items were counted out. A job one of whose keys
+    holds what the reap cannot read is logged and left as it was; the others are reaped."""
     if not job_ids:
         return 0
     if candidates is None:
         candidates = holders(conn, queue, set(job_ids))
     n = 0
     for job_id in job_ids:
-        lost, named = reap(conn, queue, job_id, candidates.get(job_id, []))
+        try:
+            lost, named = reap(conn, queue, job_id, candidates.get(job_id, []))
+        except redis.ResponseError as exc:  # a key of it holds what the script cannot read
+            log.error("job %s of queue %s cannot be reaped: %s", job_id, queue, exc)
+            continue
         if lost > 0 or named:
             log.error("job %s of queue %s: its data was lost or overwritten in Redis; "
                       "%d item(s) counted out, recorded in 'farm failed'",

@@ -211,3 +211,37 @@ def test_a_sweep_cursor_written_by_anyone_does_not_stop_the_sweep(plain_conn, cu
     assert lost.sweep(conn, Q) == 5
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
 
+
+@pytest.mark.parametrize("count", ["lots", "1.5", "-3", "1e400"])
+def test_a_count_written_into_job_items_stops_no_reap(plain_conn, count):
+    """A job's entry in keys.job_items that is not a count is the items the dedup index
+    still names; a sweep reaps it and the jobs after it (every round failed on it before)."""
+    conn = plain_conn
+    first, second = _enqueue(conn)
+    conn.hset(keys.job_items(Q), first, count)
+    conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
+    assert lost.sweep(conn, Q) == 10
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
+    assert conn.hlen(keys.job_items(Q)) == 0 and accounting.in_flight(conn, Q) == {}
+
+
+def test_settling_a_failed_job_whose_count_is_not_a_number(plain_conn):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    registry = rq_queue(conn, Q).failed_job_registry
+    conn.zadd(registry.key, {job: time.time() + 600})
+    conn.hset(keys.job_items(Q), job, "lots")
+    assert maintenance.settle_failed(conn, Q) == 1
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
+    assert registry.count == 0 and conn.hlen(keys.job_items(Q)) == 0
+
+
+def test_a_job_the_reap_fails_on_does_not_stop_the_others(plain_conn):
+    conn = plain_conn
+    first, second = _enqueue(conn)
+    conn.rpush(keys.item_progress(first), "not a resume point")   # GET fails on it
+    conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
+    assert lost.sweep(conn, Q) == 5
+    assert _counter(conn) == 5 and sorted(_failed(conn)) == _keys(range(5, 10))
+    assert conn.hkeys(keys.job_items(Q)) == [first.encode()]      # left as it was, whole
+    assert accounting.in_flight(conn, Q) == {k: first for k in _keys(range(5))}
