@@ -82,3 +82,13 @@ def test_a_killed_worker_is_replaced_at_once(settings):
     assert sup._spawn_after <= time.monotonic()
     fine = _ended(sup, "pass")
     assert fine.returncode == 0 and len(sup.ended_badly) == 1
+
+
+def test_a_worker_killed_by_a_signal_without_a_name_is_noted_not_a_crash(settings):
+    """signal.Signals has no member for most real-time signals: the supervisor raised
+    ValueError while reaping such a worker (its loop, or a stop signal's handler, died)."""
+    sup = Supervisor(settings, 1, ["farm"])
+    rt_signal = signal.SIGRTMIN + 6
+    child = _ended(sup, "import os", f"os.kill(os.getpid(), {int(rt_signal)})")
+    assert sup.ended_badly == [f"pid {child.pid}: killed by signal {int(rt_signal)}"]
+    assert sup.children == []

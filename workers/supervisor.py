@@ -83,6 +83,15 @@ def write_desired(conn: redis.Redis, count: int | None, host: str | None = None)
         conn.set(keys.desired_workers(host), count)
 
 
+def _signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal 40`` for a signal Python has no name for (most real-time
+    signals)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 @dataclass
 class Supervisor:
     """Keeps ``desired`` worker processes alive on this host."""
@@ -165,7 +174,7 @@ class Supervisor:
         if code == 0:
             self._failing = 0
             return
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit code {code}"
         self.ended_badly.append(f"pid {child.pid}: {how}")
         log.warning("worker %d ended (%s)", child.pid, how)
         if code > 0 and time.monotonic() - started < FAST_FAIL:
