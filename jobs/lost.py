@@ -54,6 +54,14 @@ def not_hashes(conn: redis.Redis, job_ids: Iterable[str]) -> list[str]:
     return [j for j, kind in zip(job_ids, kinds, strict=True) if kind != b"hash"]
 
 
+def counting(conn: redis.Redis, queue: str, job_ids: list[str]) -> list[str]:
+    """Those of ``job_ids`` that still count items on ``queue`` (one round trip)."""
+    if not job_ids:
+        return []
+    entries = conn.hmget(keys.job_items(queue), job_ids)
+    return [j for j, entry in zip(job_ids, entries, strict=True) if entry is not None]
+
+
 def reap_jobs(conn: redis.Redis, queue: str, job_ids: list[str],
               candidates: dict[str, list[str]] | None = None) -> int:
     """Reap each of ``job_ids`` (``candidates``: item IDs each may carry; read from the dedup

@@ -17,7 +17,7 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from farmcore import keys
-from jobs import accounting, enqueue_many, lost
+from jobs import accounting, enqueue_many, lost, settle
 from jobs.items import _fail
 from jobs.itemwait import ItemWatch
 from jobs.policy import JobPolicy
@@ -245,3 +245,27 @@ def test_a_job_the_reap_fails_on_does_not_stop_the_others(plain_conn):
     assert _counter(conn) == 5 and sorted(_failed(conn)) == _keys(range(5, 10))
     assert conn.hkeys(keys.job_items(Q)) == [first.encode()]      # left as it was, whole
     assert accounting.in_flight(conn, Q) == {k: first for k in _keys(range(5))}
+
+
+def test_settling_failed_jobs_whose_data_is_gone_reads_the_dedup_index_once(plain_conn,
+                                                                              monkeypatch):
+    """Each such job read the whole dedup index (65,536 buckets, over a second even when
+    empty) one after the other: a few of them held housekeeping past its lock."""
+    conn = plain_conn
+    jobs = _enqueue(conn, batch=2)
+    registry = rq_queue(conn, Q).failed_job_registry
+    conn.zadd(registry.key, {job: time.time() + 600 for job in jobs})
+    conn.delete(*(accounting.JOB_PREFIX + job for job in jobs))
+    scans = []
+
+    def counted(*args):
+        scans.append(args)
+        return real(*args)
+
+    real = lost.holders
+    monkeypatch.setattr(lost, "holders", counted)
+    monkeypatch.setattr(settle, "holders", counted)
+    assert maintenance.settle_failed(conn, Q) == 5
+    assert len(scans) == 1
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
+    assert registry.count == 0 and accounting.in_flight(conn, Q) == {}
