@@ -63,10 +63,12 @@ def counting(conn: redis.Redis, queue: str, job_ids: list[str]) -> list[str]:
 
 
 def reap_jobs(conn: redis.Redis, queue: str, job_ids: list[str],
-              candidates: dict[str, list[str]] | None = None) -> int:
+              candidates: dict[str, list[str]] | None = None, *, isolate: bool = False) -> int:
     """Reap each of ``job_ids`` (``candidates``: item IDs each may carry; read from the dedup
     index when not given); returns how many items were counted out. A job one of whose keys
-    holds what the reap cannot read is logged and left as it was; the others are reaped."""
+    holds what the reap cannot read is left as it was: with ``isolate`` (housekeeping) it is
+    logged and the others are reaped, else the error is raised (a wait then ends with it,
+    instead of waiting for ever for items no reap can free)."""
     if not job_ids:
         return 0
     if candidates is None:
@@ -76,6 +78,8 @@ def reap_jobs(conn: redis.Redis, queue: str, job_ids: list[str],
         try:
             lost, named = reap(conn, queue, job_id, candidates.get(job_id, []))
         except redis.ResponseError as exc:  # a key of it holds what the script cannot read
+            if not isolate:
+                raise
             log.error("job %s of queue %s cannot be reaped: %s", job_id, queue, exc)
             continue
         if lost > 0 or named:
@@ -92,7 +96,7 @@ def sweep(conn: redis.Redis, queue: str, limit: int = SWEEP_SLICE) -> int:
     out."""
     cursor, entries = conn.hscan(keys.job_items(queue), _cursor(conn, queue), count=limit)
     conn.set(keys.lost_sweep(queue), cursor)
-    return reap_jobs(conn, queue, not_hashes(conn, (k.decode() for k in entries)))
+    return reap_jobs(conn, queue, not_hashes(conn, (k.decode() for k in entries)), isolate=True)
 
 
 def _cursor(conn: redis.Redis, queue: str) -> int:

@@ -269,3 +269,16 @@ def test_settling_failed_jobs_whose_data_is_gone_reads_the_dedup_index_once(plai
     assert len(scans) == 1
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
     assert registry.count == 0 and accounting.in_flight(conn, Q) == {}
+
+
+def test_a_wait_for_an_item_no_reap_can_free_ends_with_the_error(plain_conn):
+    """Housekeeping logs such a job and goes on; a wait cannot: it would wait for ever."""
+    conn = plain_conn
+    watch = ItemWatch(conn, Q)
+    enqueue_many(Q, "tests.kinds.record", ITEMS[:5], connection=conn, id_key="key",
+                 on_ids=watch.add)
+    (job,) = [j.decode() for j in conn.lrange(f"rq:queue:{Q}", 0, -1)]
+    conn.rpush(keys.item_progress(job), "not a resume point")
+    conn.delete(accounting.JOB_PREFIX + job)
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        watch.poll()

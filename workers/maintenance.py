@@ -98,7 +98,8 @@ def settle_failed(conn: redis.Redis, queue: str) -> int:
     this call settled. Those whose data is gone are reaped first, all together (one read
     of the dedup index for all of them, not one each)."""
     ids = rq_queue(conn, queue).failed_job_registry.get_job_ids()
-    lost.reap_jobs(conn, queue, lost.counting(conn, queue, lost.not_hashes(conn, ids)))
+    gone = lost.counting(conn, queue, lost.not_hashes(conn, ids))
+    lost.reap_jobs(conn, queue, gone, isolate=True)
     return _each("settle", queue, ids, lambda job_id: settle.settle_job(conn, queue, job_id))
 
 
