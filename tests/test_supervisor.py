@@ -16,7 +16,7 @@ from farmcore.ledger import ChunkSpec
 from jobs import runs
 from tests.conftest import park_unfinished_runs, run_farm
 from tests.farmkit import children, output, start_workers, until
-from workers.supervisor import MAX_RESPAWN_PAUSE, Supervisor
+from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
 
 def test_a_burst_of_no_workers_is_a_usage_error(farm_env):
@@ -92,3 +92,13 @@ def test_a_worker_killed_by_a_signal_without_a_name_is_noted_not_a_crash(setting
     child = _ended(sup, "import os", f"os.kill(os.getpid(), {int(rt_signal)})")
     assert sup.ended_badly == [f"pid {child.pid}: killed by signal {int(rt_signal)}"]
     assert sup.children == []
+
+
+def test_a_long_running_supervisor_notes_a_bounded_number_of_bad_ends(settings):
+    """Every worker that ended badly was kept as a line for as long as the supervisor ran:
+    memory that grew with each crash of a worker restarted for months."""
+    sup = Supervisor(settings, 1, ["farm"])
+    child = _ended(sup, "raise SystemExit(1)")
+    for _ in range(MAX_WORKERS + 10):
+        sup._reaped(child)
+    assert len(sup.ended_badly) == MAX_WORKERS
