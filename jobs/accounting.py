@@ -108,19 +108,30 @@ end
 return new - cur
 """)
 
+# A job's entry in keys.job_items and its progress as numbers; nil when what is stored is not
+# a count (whoever can write to Redis must not make a script fail on it for good).
+_COUNT = b"""
+local function count(v)
+  local x = tonumber(v)
+  if x and x >= 0 and x < 2 ^ 53 and x == math.floor(x) then return x end
+  return nil
+end
+"""
+
 # KEYS: rq failed registry, progress, counter, failed items, rq job, jobs holding items.
 # ARGV: job id, n item records, (dedup bucket, id, record) per item in order, then (id,
-# record) pairs always written. What the job still counts is its entry in KEYS[6] less its
-# progress. No entry: its items were counted out already (done, or reaped: none is
-# recorded), or never counted (a job written into Redis by hand, not by commit: its items
-# past its progress are recorded, nothing is counted out).
+# record) pairs always written. What the job still counts is its entry in KEYS[6] (the job's
+# own items if that is not a count) less its progress. No entry: its items were counted out
+# already (done, or reaped: none is recorded), or never counted (a job written into Redis by
+# hand, not by commit: its items past its progress are recorded, nothing is counted out).
 # The job is marked done only if its hash exists (a job gone, or a key that is not a hash, is
 # left as it is).
-_SETTLE = Script(None, b"""
+_SETTLE = Script(None, _COUNT + b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 local n = tonumber(ARGV[2])
-local total = tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '-1')
-local cur = tonumber(redis.call('GET', KEYS[2]) or '0')
+local entry = redis.call('HGET', KEYS[6], ARGV[1])
+local total = entry and (count(entry) or n) or -1
+local cur = count(redis.call('GET', KEYS[2])) or 0
 local job = redis.call('TYPE', KEYS[5]).ok == 'hash'
 if total >= 0 then
   if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
@@ -142,27 +153,30 @@ return 1
 # KEYS: jobs holding items, progress, counter, failed items, rq job. ARGV: job id, item
 # record, job record (with LOST_MARK where the count goes), (dedup bucket, id) pairs of items
 # it may carry. Nothing happens while the job is a hash. Its counted items are counted out
-# once (its entry in KEYS[1] goes); each pair whose entry still names it is recorded and
-# released; items counted but not named are one record of the job. Returns {counted out,
-# recorded}.
-_REAP = Script(None, b"""
+# once (its entry in KEYS[1] goes; an entry that is not a count: the items named); each pair
+# whose entry still names it is released and recorded, unless it has a record already (its
+# worker failed it, with its arguments, before the checkpoint that would have released it);
+# items counted but not named are one record of the job. Returns {counted out, recorded}.
+_REAP = Script(None, _COUNT + b"""
 if redis.call('TYPE', KEYS[5]).ok == 'hash' then return {-1, 0} end
 local jid = ARGV[1]
-local lost = 0
-local total = redis.call('HGET', KEYS[1], jid)
-if total then
-  lost = math.max(0, tonumber(total) - tonumber(redis.call('GET', KEYS[2]) or '0'))
-  redis.call('DECRBY', KEYS[3], lost)
-  redis.call('HDEL', KEYS[1], jid)
-  redis.call('DEL', KEYS[2])
-end
+local entry = redis.call('HGET', KEYS[1], jid)
+local total, cur = nil, 0  -- read before any write: a read that fails leaves all as it was
+if entry then total, cur = count(entry), count(redis.call('GET', KEYS[2])) or 0 end
 local named = 0
 for i = 4, #ARGV, 2 do
   if redis.call('HGET', ARGV[i], ARGV[i + 1]) == jid then
     redis.call('HDEL', ARGV[i], ARGV[i + 1])
-    redis.call('HSET', KEYS[4], ARGV[i + 1], ARGV[2])
+    redis.call('HSETNX', KEYS[4], ARGV[i + 1], ARGV[2])
     named = named + 1
   end
+end
+local lost = 0
+if entry then
+  lost = total and math.max(0, total - cur) or named
+  redis.call('DECRBY', KEYS[3], lost)
+  redis.call('HDEL', KEYS[1], jid)
+  redis.call('DEL', KEYS[2])
 end
 if lost > named then
   local text = string.gsub(ARGV[3], '@LOST@', tostring(lost - named))

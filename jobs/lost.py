@@ -54,17 +54,34 @@ def not_hashes(conn: redis.Redis, job_ids: Iterable[str]) -> list[str]:
     return [j for j, kind in zip(job_ids, kinds, strict=True) if kind != b"hash"]
 
 
+def counting(conn: redis.Redis, queue: str, job_ids: list[str]) -> list[str]:
+    """Those of ``job_ids`` that still count items on ``queue`` (one round trip)."""
+    if not job_ids:
+        return []
+    entries = conn.hmget(keys.job_items(queue), job_ids)
+    return [j for j, entry in zip(job_ids, entries, strict=True) if entry is not None]
+
+
 def reap_jobs(conn: redis.Redis, queue: str, job_ids: list[str],
-              candidates: dict[str, list[str]] | None = None) -> int:
+              candidates: dict[str, list[str]] | None = None, *, isolate: bool = False) -> int:
     """Reap each of ``job_ids`` (``candidates``: item IDs each may carry; read from the dedup
-    index when not given); returns how many items were counted out."""
+    index when not given); returns how many items were counted out. A job one of whose keys
+    holds what the reap cannot read is left as it was: with ``isolate`` (housekeeping) it is
+    logged and the others are reaped, else the error is raised (a wait then ends with it,
+    instead of waiting for ever for items no reap can free)."""
     if not job_ids:
         return 0
     if candidates is None:
         candidates = holders(conn, queue, set(job_ids))
     n = 0
     for job_id in job_ids:
-        lost, named = reap(conn, queue, job_id, candidates.get(job_id, []))
+        try:
+            lost, named = reap(conn, queue, job_id, candidates.get(job_id, []))
+        except redis.ResponseError as exc:  # a key of it holds what the script cannot read
+            if not isolate:
+                raise
+            log.error("job %s of queue %s cannot be reaped: %s", job_id, queue, exc)
+            continue
         if lost > 0 or named:
             log.error("job %s of queue %s: its data was lost or overwritten in Redis; "
                       "%d item(s) counted out, recorded in 'farm failed'",
@@ -77,7 +94,16 @@ def sweep(conn: redis.Redis, queue: str, limit: int = SWEEP_SLICE) -> int:
     """Look at about ``limit`` more jobs of ``queue`` that count items, from where the last
     sweep stopped, and reap those whose data is gone; returns how many items were counted
     out."""
-    cursor = int(conn.get(keys.lost_sweep(queue)) or 0)
-    cursor, entries = conn.hscan(keys.job_items(queue), cursor, count=limit)
+    cursor, entries = conn.hscan(keys.job_items(queue), _cursor(conn, queue), count=limit)
     conn.set(keys.lost_sweep(queue), cursor)
-    return reap_jobs(conn, queue, not_hashes(conn, (k.decode() for k in entries)))
+    return reap_jobs(conn, queue, not_hashes(conn, (k.decode() for k in entries)), isolate=True)
+
+
+def _cursor(conn: redis.Redis, queue: str) -> int:
+    """Where the sweep resumes; from the start when what is stored is not a cursor Redis
+    would take (whoever can write to Redis must not stop the sweep for good)."""
+    try:
+        raw = conn.get(keys.lost_sweep(queue)) or b"0"
+    except redis.ResponseError:  # not a string: the next SET replaces it
+        return 0
+    return int(raw) if raw.isdigit() and int(raw) < 1 << 64 else 0

@@ -17,11 +17,13 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from farmcore import keys
-from jobs import accounting, enqueue_many, lost
+from jobs import accounting, enqueue_many, lost, settle
+from jobs.items import _fail
 from jobs.itemwait import ItemWatch
 from jobs.policy import JobPolicy
 from jobs.queue import rq_queue
 from jobs.settle import retry_failed
+from shardfarm.errors import FatalError
 from tests.conftest import ROOT
 from workers import maintenance
 
@@ -71,7 +73,8 @@ def test_housekeeping_counts_out_and_records_the_items_of_a_deleted_job(rt):
     assert n == 0 and len(kept) == 5 and "arguments were lost" in kept[0]
     assert enqueue_many(Q, "tests.kinds.record", ITEMS[:5], connection=conn,
                         id_key="key").enqueued == 5
-    maintenance.run_once(rt, "me2", [Q])       # nothing is counted out twice
+    conn.delete(keys.leader(f"maintenance:queue:{Q}"))  # the next round (its lock is 4 s)
+    assert maintenance.run_once(rt, "me2", [Q])  # nothing is counted out twice
     assert _counter(conn) == 5
 
 
@@ -194,3 +197,103 @@ def test_a_job_written_into_redis_by_hand_is_recorded_when_it_fails_and_counts_n
     maintenance.run_once(rt, "me", [Q])
     assert sorted(_failed(conn)) == ["r1", "r2"]
     assert _counter(conn) == 0 and conn.hlen(keys.job_items(Q)) == 0
+
+
+def test_reaping_keeps_the_failure_record_an_item_already_has(plain_conn):
+    """An item its worker failed (with its arguments) before the checkpoint that releases
+    it keeps that record when its job is then reaped: 'farm retry-failed' can still run it."""
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    _fail(conn, Q, "tests.kinds.record", ["k0", ITEMS[0]], 1, FatalError("bad k0"), job)
+    conn.delete(accounting.JOB_PREFIX + job)
+    assert lost.sweep(conn, Q) == 5
+    failed = _failed(conn)
+    assert failed["k0"]["kwargs"] == ITEMS[0] and "bad k0" in failed["k0"]["error"]
+    assert all(REASON in failed[k]["error"] for k in _keys(range(1, 5)))
+    n, kept = retry_failed(conn, Q, JobPolicy.from_env())
+    assert n == 1 and len(kept) == 4
+
+
+@pytest.mark.parametrize("cursor", [b"banana", b"1.5", b"99999999999999999999999", None])
+def test_a_sweep_cursor_written_by_anyone_does_not_stop_the_sweep(plain_conn, cursor):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    if cursor is None:
+        conn.rpush(keys.lost_sweep(Q), "not a cursor")
+    else:
+        conn.set(keys.lost_sweep(Q), cursor)
+    conn.delete(accounting.JOB_PREFIX + job)
+    assert lost.sweep(conn, Q) == 5
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
+
+
+@pytest.mark.parametrize("count", ["lots", "1.5", "-3", "1e400"])
+def test_a_count_written_into_job_items_stops_no_reap(plain_conn, count):
+    """A job's entry in keys.job_items that is not a count is the items the dedup index
+    still names; a sweep reaps it and the jobs after it (every round failed on it before)."""
+    conn = plain_conn
+    first, second = _enqueue(conn)
+    conn.hset(keys.job_items(Q), first, count)
+    conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
+    assert lost.sweep(conn, Q) == 10
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
+    assert conn.hlen(keys.job_items(Q)) == 0 and accounting.in_flight(conn, Q) == {}
+
+
+def test_settling_a_failed_job_whose_count_is_not_a_number(plain_conn):
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    registry = rq_queue(conn, Q).failed_job_registry
+    conn.zadd(registry.key, {job: time.time() + 600})
+    conn.hset(keys.job_items(Q), job, "lots")
+    assert maintenance.settle_failed(conn, Q) == 1
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
+    assert registry.count == 0 and conn.hlen(keys.job_items(Q)) == 0
+
+
+def test_a_job_the_reap_fails_on_does_not_stop_the_others(plain_conn):
+    conn = plain_conn
+    first, second = _enqueue(conn)
+    conn.rpush(keys.item_progress(first), "not a resume point")   # GET fails on it
+    conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
+    assert lost.sweep(conn, Q) == 5
+    assert _counter(conn) == 5 and sorted(_failed(conn)) == _keys(range(5, 10))
+    assert conn.hkeys(keys.job_items(Q)) == [first.encode()]      # left as it was, whole
+    assert accounting.in_flight(conn, Q) == {k: first for k in _keys(range(5))}
+
+
+def test_settling_failed_jobs_whose_data_is_gone_reads_the_dedup_index_once(plain_conn,
+                                                                              monkeypatch):
+    """Each such job read the whole dedup index (65,536 buckets, over a second even when
+    empty) one after the other: a few of them held housekeeping past its lock."""
+    conn = plain_conn
+    jobs = _enqueue(conn, batch=2)
+    registry = rq_queue(conn, Q).failed_job_registry
+    conn.zadd(registry.key, {job: time.time() + 600 for job in jobs})
+    conn.delete(*(accounting.JOB_PREFIX + job for job in jobs))
+    scans = []
+
+    def counted(*args):
+        scans.append(args)
+        return real(*args)
+
+    real = lost.holders
+    monkeypatch.setattr(lost, "holders", counted)
+    monkeypatch.setattr(settle, "holders", counted)
+    assert maintenance.settle_failed(conn, Q) == 5
+    assert len(scans) == 1
+    assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
+    assert registry.count == 0 and accounting.in_flight(conn, Q) == {}
+
+
+def test_a_wait_for_an_item_no_reap_can_free_ends_with_the_error(plain_conn):
+    """Housekeeping logs such a job and goes on; a wait cannot: it would wait for ever."""
+    conn = plain_conn
+    watch = ItemWatch(conn, Q)
+    enqueue_many(Q, "tests.kinds.record", ITEMS[:5], connection=conn, id_key="key",
+                 on_ids=watch.add)
+    (job,) = [j.decode() for j in conn.lrange(f"rq:queue:{Q}", 0, -1)]
+    conn.rpush(keys.item_progress(job), "not a resume point")
+    conn.delete(accounting.JOB_PREFIX + job)
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        watch.poll()

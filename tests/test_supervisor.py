@@ -16,7 +16,7 @@ from farmcore.ledger import ChunkSpec
 from jobs import runs
 from tests.conftest import park_unfinished_runs, run_farm
 from tests.farmkit import children, output, start_workers, until
-from workers.supervisor import MAX_RESPAWN_PAUSE, Supervisor
+from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
 
 def test_a_burst_of_no_workers_is_a_usage_error(farm_env):
@@ -82,3 +82,23 @@ def test_a_killed_worker_is_replaced_at_once(settings):
     assert sup._spawn_after <= time.monotonic()
     fine = _ended(sup, "pass")
     assert fine.returncode == 0 and len(sup.ended_badly) == 1
+
+
+def test_a_worker_killed_by_a_signal_without_a_name_is_noted_not_a_crash(settings):
+    """signal.Signals has no member for most real-time signals: the supervisor raised
+    ValueError while reaping such a worker (its loop, or a stop signal's handler, died)."""
+    sup = Supervisor(settings, 1, ["farm"])
+    rt_signal = signal.SIGRTMIN + 6
+    child = _ended(sup, "import os", f"os.kill(os.getpid(), {int(rt_signal)})")
+    assert sup.ended_badly == [f"pid {child.pid}: killed by signal {int(rt_signal)}"]
+    assert sup.children == []
+
+
+def test_a_long_running_supervisor_notes_a_bounded_number_of_bad_ends(settings):
+    """Every worker that ended badly was kept as a line for as long as the supervisor ran:
+    memory that grew with each crash of a worker restarted for months."""
+    sup = Supervisor(settings, 1, ["farm"])
+    child = _ended(sup, "raise SystemExit(1)")
+    for _ in range(MAX_WORKERS + 10):
+        sup._reaped(child)
+    assert len(sup.ended_badly) == MAX_WORKERS

@@ -94,8 +94,11 @@ def _enqueue_or_fail(queue: Queue, job: FarmJob, pipe: Pipeline) -> None:
 
 def settle_failed(conn: redis.Redis, queue: str) -> int:
     """Settle every job of ``queue``'s failed registry into ``farm failed``; returns how many
-    this call settled."""
+    this call settled. Those whose data is gone are reaped first, all together (one read
+    of the dedup index for all of them, not one each)."""
     ids = rq_queue(conn, queue).failed_job_registry.get_job_ids()
+    gone = lost.counting(conn, queue, lost.not_hashes(conn, ids))
+    lost.reap_jobs(conn, queue, gone, isolate=True)
     return _each("settle", queue, ids, lambda job_id: settle.settle_job(conn, queue, job_id))
 
 

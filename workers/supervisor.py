@@ -84,6 +84,15 @@ def write_desired(conn: redis.Redis, count: int | None, host: str | None = None)
         conn.set(keys.desired_workers(host), count)
 
 
+def _signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal 40`` for a signal Python has no name for (most real-time
+    signals)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 @dataclass
 class Supervisor:
     """Keeps ``desired`` worker processes alive on this host."""
@@ -103,7 +112,9 @@ class Supervisor:
     metrics_addr: str = "127.0.0.1"
     metrics: SupervisorMetrics | None = None
     _observed: float = 0.0
-    ended_badly: list[str] = field(default_factory=list)  # "pid 12: exit code 1", ...
+    # "pid 12: exit code 1", ...: the first MAX_WORKERS (all of a burst's; a supervisor that
+    # runs for months restarting crashed workers keeps no more)
+    ended_badly: list[str] = field(default_factory=list)
     _started: dict[int, float] = field(default_factory=dict)
     _failing: int = 0  # workers in a row that exited on their own soon after starting
     _spawn_after: float = 0.0
@@ -167,8 +178,9 @@ class Supervisor:
         if code == 0:
             self._failing = 0
             return
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
-        self.ended_badly.append(f"pid {child.pid}: {how}")
+        how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit code {code}"
+        if len(self.ended_badly) < MAX_WORKERS:  # every one of a burst; bounded for a daemon
+            self.ended_badly.append(f"pid {child.pid}: {how}")
         log.warning("worker %d ended (%s)", child.pid, how)
         if code > 0 and time.monotonic() - started < FAST_FAIL:
             self._failing += 1
