@@ -148,7 +148,9 @@ class Supervisor:
     def _on_stop(self, signum: int, _frame: object) -> None:
         self.stopping += 1
         log.info("stopping (%s); signal %d", "warm" if self.stopping == 1 else "cold", signum)
-        for child in self.alive():
+        # not alive(): a handler may run while the loop is inside it (a child reaped twice);
+        # send_signal skips a child that has exited
+        for child in list(self.children):
             child.send_signal(signal.SIGTERM)
         if self.stopping > 1:  # cold: rq stops the job at once; anything left is killed
             self._kill_at = time.monotonic() + COLD_GRACE
