@@ -7,6 +7,7 @@ on the shared server: shards 65024-65031 live on the machine's MariaDB (3306),
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -54,9 +55,14 @@ def pytest_configure(config: pytest.Config) -> None:
     """Each namespace's temporary files under a base of its own (unless ``--basetemp`` is
     given): pytest keeps only a user's three newest numbered bases and deletes older ones,
     so suites started beside a running one deleted its files (its private mariadbd's data,
-    mid-test)."""
-    if not config.option.basetemp:
-        config.option.basetemp = str(Path(tempfile.gettempdir()) / f"shardfarm-pytest-ns{NS}")
+    mid-test). It lies in pytest's directory of this user (mode 0700), outside the numbered
+    bases pytest deletes."""
+    if config.option.basetemp:
+        return
+    root = Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"  # pytest's own
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.stat().st_uid == os.getuid():  # else (another user's) pytest's default
+        config.option.basetemp = str(root / f"shardfarm-ns{NS}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
