@@ -32,15 +32,20 @@ def doomed_pair():
     pair.stop()
 
 
-@pytest.mark.slow
-def test_kill_the_master_promote_the_slave_and_keep_writing(doomed_pair, server_b, farm_env,
-                                                            tmp_path):
-    pair = doomed_pair
+def _pair_map(pair, server_b, farm_env: dict, tmp_path) -> tuple:
+    """A map whose RANGE lives on ``pair`` (PairM/PairS), and the environment using it."""
     doc = map_with_pair(server_b.port, pair)
     doc["shards"].append({"range": list(RANGE), "master": "PairM", "slave": "PairS"})
     path = tmp_path / "map.json"
     path.write_text(json.dumps(doc))
-    env = {**farm_env, "FARM_SHARDMAP": str(path), "FARM_CONNECT_TIMEOUT": "3"}
+    return path, {**farm_env, "FARM_SHARDMAP": str(path), "FARM_CONNECT_TIMEOUT": "3"}
+
+
+@pytest.mark.slow
+def test_kill_the_master_promote_the_slave_and_keep_writing(doomed_pair, server_b, farm_env,
+                                                            tmp_path):
+    pair = doomed_pair
+    path, env = _pair_map(doomed_pair, server_b, farm_env, tmp_path)
     router = Router(ShardMapSource(path, interval=0))
     store = ObjectStore(router)
     for s in range(RANGE[0], RANGE[1] + 1):
@@ -80,11 +85,7 @@ def test_a_refused_promotion_leaves_a_live_master_writable(doomed_pair, server_b
     """Promote makes a master that still answers read-only before it compares positions; a
     refusal (the slave is behind) gives it back its writes: the fleet stayed read-only."""
     pair = doomed_pair
-    doc = map_with_pair(server_b.port, pair)
-    doc["shards"].append({"range": list(RANGE), "master": "PairM", "slave": "PairS"})
-    path = tmp_path / "map.json"
-    path.write_text(json.dumps(doc))
-    env = {**farm_env, "FARM_SHARDMAP": str(path), "FARM_CONNECT_TIMEOUT": "3"}
+    path, env = _pair_map(doomed_pair, server_b, farm_env, tmp_path)
     pair.slave.sql("STOP SLAVE SQL_THREAD")  # the slave receives but does not apply
     pair.master.sql("CREATE DATABASE IF NOT EXISTS promote_probe")
     out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
