@@ -226,6 +226,7 @@ def test_a_failed_run_is_not_followed(live, ledger):  # noqa: F811
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and f"migrate run {run_id} ended with failed chunks" in lines[0]
     assert f"farm retry-failed --run {run_id}" in lines[0], out.stderr
+    assert ledger.sync_state.read()["expires"] is None  # the refusal gave its lease back
 
 
 @pytest.mark.slow

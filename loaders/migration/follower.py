@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from farmcore.ledger import Ledger
@@ -66,19 +66,33 @@ class Follower:
             binlog.check_server(reader)
             while not self.stop.is_set():
                 fence = self.ledger.sync_state.acquire(self.owner, self.host, LEASE_SECONDS)
-                run = self._run() if fence is not None else None
-                if run is None:
-                    self.stop.wait(LEASE_SECONDS / 4 if fence is None else 1.0)
-                    continue
-                try:
-                    if self._follow(reader, readers, fence, run):
-                        self.ledger.sync_state.release(fence)
-                        return
-                except FencedError as exc:  # another process took over: wait to lead again
-                    log.warning("%s; waiting to lead again", exc)
+                if fence is None:
+                    self.stop.wait(LEASE_SECONDS / 4)
+                elif self._lead(reader, readers, fence):
+                    return
         finally:
             reader.close()
             readers.close()
+
+    def _lead(self, reader: LegacyReader, readers: sync.Readers, fence: int) -> bool:
+        """Follow the run to follow under lease ``fence``; True when done (caught up, or
+        stopped). A refusal (no run to follow, a failed one) gives the lease back at once,
+        so that 'farm sync status' shows no leader and the next sync need not wait."""
+        try:
+            run = self._run()
+            if run is None:
+                self.stop.wait(1.0)
+                return False
+            if self._follow(reader, readers, fence, run):
+                self.ledger.sync_state.release(fence)
+                return True
+        except FencedError as exc:  # another process took over: wait to lead again
+            log.warning("%s; waiting to lead again", exc)
+        except BaseException:
+            with suppress(FarmError):
+                self.ledger.sync_state.release(fence)
+            raise
+        return False
 
     def _run(self) -> dict | None:
         """The migrate run to follow: the latest, once it has ended and no migration writes
