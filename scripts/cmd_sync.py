@@ -29,6 +29,9 @@ def sync_group(ctx: click.Context, app: App, until_caught_up: bool) -> None:
     over when it stops. Stops cleanly on SIGTERM or Ctrl-C.
     """
     if ctx.invoked_subcommand is not None:
+        if until_caught_up:
+            raise click.UsageError(f"--until-caught-up goes with 'farm sync' itself, not with "
+                                   f"'farm sync {ctx.invoked_subcommand}'")
         return
     preflight(app.settings, app.router)
     f = follower.Follower(app.settings, app.router, app.runtime.ledger,

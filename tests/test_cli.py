@@ -309,3 +309,9 @@ def test_followers_of_an_id_that_is_not_a_board_is_a_usage_error(farm_env, route
     out = run_farm(farm_env, "followers", pin)
     assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
     assert out.stderr.splitlines() == [f"farm: error: {pin} is not a board ID (it is a pin)"]
+
+
+def test_a_flag_of_farm_sync_given_to_its_status_is_a_usage_error(farm_env):
+    """``farm sync --until-caught-up status`` used to print the status and drop the flag."""
+    _usage_error(run_farm(farm_env, "sync", "--until-caught-up", "status", timeout=60),
+                 "--until-caught-up goes with 'farm sync' itself")
