@@ -131,6 +131,17 @@ def test_lease_expires_and_another_takes_over(rt):
     assert a.lead()
 
 
+@pytest.mark.parametrize("forge", [lambda r, k: r.rpush(k, "x"), lambda r, k: r.set(k, "evil")])
+def test_a_lease_key_that_is_not_a_lease_is_taken_over(rt, forge):
+    """A list, or a value with no expiry, written at the lease's key: before, every tick
+    failed (WRONGTYPE) or no scheduler ever led again, and the export never fired."""
+    a = _scheduler(rt, "t-forged", Clock(NOW), owner="a")
+    forge(rt.redis, a.key)
+    assert a.lead() and rt.redis.get(a.key) == b"a" and rt.redis.pttl(a.key) > 0
+    a.resign()
+    assert not rt.redis.exists(a.key)
+
+
 def test_missed_nights_are_caught_up_and_state_survives_redis(rt):
     clock = Clock(NOW)
     a = _scheduler(rt, "t-catch", clock, owner="a")

@@ -40,10 +40,20 @@ DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
 TICK_SECONDS = 5.0
 LEASE_SECONDS = 15.0
 CATCH_UP = 7
-_RENEW = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
-          "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end")
-_RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then "
-            "return redis.call('del', KEYS[1]) else return 0 end")
+# KEYS[1]: the lease; ARGV: owner, milliseconds. Takes the lease or renews ours. A key there
+# that is not a lease (another type, or a value with no expiry: whatever was written into
+# Redis) is taken over, or no scheduler would ever lead again.
+_LEAD = """
+local t = redis.call('type', KEYS[1]).ok
+if t ~= 'none' and (t ~= 'string' or redis.call('pttl', KEYS[1]) == -1) then
+  redis.call('del', KEYS[1])
+end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
+return 0
+"""
+_RELEASE = ("if redis.call('type', KEYS[1]).ok == 'string' and redis.call('get', KEYS[1]) "
+            "== ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end")
 
 
 def check_expression(expr: str) -> str:
@@ -106,10 +116,7 @@ class Scheduler:
     # -- leadership ---------------------------------------------------------------------
     def lead(self) -> bool:
         """Take the leader lease, or renew it if it is ours; whether we lead now."""
-        r = self.rt.redis
-        if r.set(self.key, self.owner, nx=True, px=self.lease_ms):
-            return True
-        return bool(r.eval(_RENEW, 1, self.key, self.owner, self.lease_ms))
+        return bool(self.rt.redis.eval(_LEAD, 1, self.key, self.owner, self.lease_ms))
 
     def resign(self) -> None:
         """Give the lease up if it is ours (on shutdown), so another takes over at once."""
