@@ -19,6 +19,7 @@ from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
 
 from farmcore import keys, ledger_size
+from farmcore.identity import farm_id
 from farmcore.progress import read_progress
 from jobs.runtime import Runtime
 
@@ -83,16 +84,20 @@ def read_workers(conn: redis.Redis) -> tuple[list[Worker], int]:
 
 
 def workers_view(rt: Runtime, workers: list[Worker] | None = None) -> dict:
-    """Workers alive per host (rq's worker registry, or ``workers`` read from it) and
-    supervisors' desired counts."""
+    """Workers alive per host (rq's worker registry, or ``workers`` read from it),
+    supervisors' desired counts, and ``other_farm`` for a host whose supervisor serves
+    another control database (``farmcore.identity``)."""
     per_host: dict[str, dict] = defaultdict(lambda: {"workers": 0, "busy": 0, "desired": None})
     for w in read_workers(rt.redis)[0] if workers is None else workers:
         h = per_host[host_of(w)]
         h["workers"] += 1
         h["busy"] += w.get_state() == "busy"
+    ours = farm_id(rt.ledger.pool)
     for doc in read_supervisors(rt.redis):
         h = per_host[doc["host"]]
         h["desired"] = (h["desired"] or 0) + doc["desired"]
+        if ours and doc.get("farm_id") not in (None, ours):
+            h["other_farm"] = True  # its workers serve another control database
     return dict(per_host)
 
 

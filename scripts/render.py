@@ -34,6 +34,7 @@ def status_lines(view: dict) -> list[str]:
         lines.append("no runs yet")
     workers = ", ".join(f"{h}: {w['workers']} alive, {w['busy']} busy"
                         + (f", desired {w['desired']}" if w["desired"] is not None else "")
+                        + (", SERVING ANOTHER CONTROL DATABASE" if w.get("other_farm") else "")
                         for h, w in sorted(view["workers"].items())) or "none"
     if view.get("unreadable_workers"):
         workers += f" ({view['unreadable_workers']} unreadable entries of rq's worker registry)"

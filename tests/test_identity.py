@@ -78,9 +78,12 @@ def test_a_run_started_while_workers_serve_another_control_database_says_so(
               what="the supervisor to report its farm")
         out = run_farm(env, "export", "--date", "2026-11-20", "--tables", "users", "--dest",
                        f"file://{tmp_path}", timeout=120)
+        shown = run_farm(env, "status", timeout=60)
     finally:
         stop(proc)
     assert out.returncode == 0, out.stderr
     said = [x for x in out.stderr.splitlines() if "another control database" in x]
     assert len(said) == 1, out.stderr
     assert f"/{ledger.pool.where.database}" in said[0] and "FARM_CONTROL_DSN" in said[0]
+    workers = next(x for x in shown.stdout.splitlines() if x.startswith("workers:"))
+    assert "SERVING ANOTHER CONTROL DATABASE" in workers, shown.stdout
