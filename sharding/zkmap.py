@@ -64,7 +64,7 @@ class ZkSource:
             self.client.close()
             raise ShardMapError(f"no shard map at {url}: publish one with "
                                 "'farm shards publish FILE'") from None
-        self._seen = stat.version
+        self._seen = stat.mzxid  # not the version: a node deleted and made again restarts at 0
         self._held = GuardedMap(ShardMap.from_json(data.decode("utf-8", "replace"), url),
                                 guard, url)
         self.client.DataWatch(self.node, self._changed)
@@ -76,15 +76,15 @@ class ZkSource:
                       self._held.current.version)
             return
         with self._lock:
-            if stat.version == self._seen:
+            if stat.mzxid == self._seen:  # the zxid of its last change: unique, never reused
                 return
-            self._seen = stat.version
+            self._seen = stat.mzxid
             try:
                 new = ShardMap.from_json(data.decode("utf-8", "replace"), self.spec)
             except ShardMapError as exc:
                 log.error("keeping the previous shard map: %s", exc)
                 return
-            self._held.offer(new, stat.version)
+            self._held.offer(new, stat.mzxid)
 
     def current(self) -> ShardMap:
         """The newest map this process accepted."""

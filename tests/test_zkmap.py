@@ -103,3 +103,20 @@ def test_a_guard_holds_a_new_version_back(url):
         assert source.current().version == 1
     finally:
         source.close()
+
+
+def test_a_node_deleted_and_published_again_is_picked_up(url):
+    """A map node deleted (by hand, a lost ensemble) and published again restarts its
+    ZooKeeper version at 0: a watcher that compared node versions kept the old map."""
+    publish(url, _doc(1))
+    source = open_source(url)
+    store = ZkStore(url)
+    try:
+        store.client.delete(store.node)
+        publish(url, _doc(2, master="MySQL001B"))  # node version 0 again, as the first was
+        source.refresh()  # the node read now (the watch may deliver it first: same result)
+        assert source.current().version == 2
+        assert source.current().shard_range(0).master == "MySQL001B"
+    finally:
+        store.close()
+        source.close()
