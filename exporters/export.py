@@ -153,9 +153,12 @@ def export_chunk(ctx: ChunkContext, table: str, shard: int | None = None,
     names = {part_name(s, fmt): s for s in shards}
     there = {} if p.get("force") else chunkparts.intact(dest, parts, folder, list(names))
     todo = [s for n, s in names.items() if n not in there]
+    stale = chunkparts.other_formats(parts, folder, shards, fmt)
     written: list[Part] = []
-    if todo:
+    if todo or stale:
         withdraw(dest, folder, ctx.fence)  # changing: no success marker until final
+    chunkparts.drop(dest, parts, folder, stale, ctx.fence_fresh)  # parts of another format
+    if todo:
         role = p.get("from", "master")
         written = chunkparts.write_parts(
             lambda s: ctx.router.host_for(s, role), table, fmt, dest, folder, todo,
