@@ -133,6 +133,7 @@ def test_unpause_retry_failed_and_scale_with_a_bearer_token(rt, client_for):
 @pytest.mark.parametrize(("form", "status", "says"), [
     ({"action": "drop-everything"}, 400, "unknown action"),
     ({"action": "scale", "count": "many"}, 400, "bad worker count"),
+    ({"action": "scale", "count": "\u00b2"}, 400, "bad worker count"),  # '²': isdigit(), not int()
     ({"action": "scale", "count": "2", "host": "a b"}, 400, "bad host"),
     ({"action": "pause", "run_id": "no-such-run"}, 409, "no run &#39;no-such-run&#39;"),
 ])
