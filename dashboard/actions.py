@@ -77,9 +77,13 @@ class Request:
 
 
 def _count(value: str) -> int:
-    if not value.strip().isdigit() or int(value) > MAX_WORKERS:
+    try:  # not str.isdigit(): it takes '²', which int() refuses (that was a 500)
+        count = int(value)
+    except ValueError:
+        count = -1
+    if not value.strip().isdigit() or not 0 <= count <= MAX_WORKERS:
         raise ActionRefused(400, f"bad worker count {value[:20]!r} (0 to {MAX_WORKERS})")
-    return int(value)
+    return count
 
 
 def _match(pattern: re.Pattern, value: str, what: str, empty: bool = False) -> str:

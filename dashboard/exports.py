@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 
 from exporters.destinations import Destination, open_destination
-from exporters.export import SUCCESS
+from exporters.export import SUCCESS, folders_named
 from farmcore.ledger import Ledger
 from shardfarm.errors import FarmError
 from shardfarm.tuning import status_timeout
@@ -53,10 +53,12 @@ class Calendar:
         for run_id, run_status, params in self.ledger.pool.query(
                 "SELECT run_id, status, params FROM runs WHERE kind = 'export' "
                 "ORDER BY created_at DESC LIMIT %s", (RUNS_LOOKED_AT,)):
-            p = json.loads(params)
-            for table in p.get("kinds") or []:
-                newest.setdefault((p.get("dest", ""), table, p.get("date", "")),
-                                  (run_id, run_status))
+            try:
+                doc = json.loads(params)
+            except ValueError:
+                continue
+            for folder in folders_named(doc):
+                newest.setdefault(folder, (run_id, run_status))
         out = [Cell(t, d, dest, self._success(dest, f"{t}/dt={d}/{SUCCESS}", deadline), r, s)
                for (dest, t, d), (r, s) in newest.items()]
         return sorted(out, key=lambda c: (c.date, c.table), reverse=True)
@@ -82,7 +84,7 @@ class Calendar:
             if dest not in self._dests:
                 self._dests[dest] = open_destination(dest, quick=True)
             found: bool | None = self._dests[dest].exists(key)
-        except FarmError:
+        except (FarmError, OSError):  # OSError: a path through a file, a directory not readable
             found = None
             self._silent[dest] = time.monotonic() + MISSING_TTL
         ttl = SEEN_TTL if found else MISSING_TTL

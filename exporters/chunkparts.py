@@ -77,6 +77,22 @@ def intact(dest: Destination, log_: PartLog, folder: str, names: list[str]) -> d
             if sizes.get(n) == p.bytes and dest.sha256(folder + n) == p.sha256}
 
 
+def other_formats(log_: PartLog, folder: str, shards: list[int], fmt: str) -> list[str]:
+    """Recorded parts of ``shards`` in ``folder`` in a format other than ``fmt``: an export
+    of the date in another format replaces them (a reader of the folder takes every part)."""
+    names = [part_name(s, f) for f in formats.EXTENSIONS if f != fmt for s in shards]
+    return sorted(log_.get_many(folder, names))
+
+
+def drop(dest: Destination, log_: PartLog, folder: str, names: list[str],
+         fence: Fence) -> None:
+    """Delete the parts ``names`` of ``folder`` (each behind ``fence``), then their records."""
+    for name in names:
+        fence()
+        dest.delete(folder + name)
+    log_.forget(folder, names)
+
+
 # -- writing one part -----------------------------------------------------------------------
 def write_part(conn, host_shard: int, table: str, fmt: str, dest: Destination, key: str,
                check: Callable[[], None], fence: Fence, empty: bool) -> tuple[PartWriter, Part]:

@@ -200,8 +200,11 @@ class FileDestination(Destination):
     """A directory tree (the embedded default, ``file://<cwd>/exports``)."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.url = f"file://{root}"
+        # one directory, one name: ``..``, ``.`` and symlinks resolved, so the folder that
+        # one run at a time may write (``PartLog.claim``, ``refuse_overlap``) is the same
+        # however the operator spells it
+        self.root = Path(os.path.realpath(root))
+        self.url = f"file://{self.root}"
 
     def _path(self, key: str) -> Path:
         """The path of ``key`` under the root; a key that could leave it (absolute, ``..``,

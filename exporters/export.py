@@ -95,18 +95,29 @@ def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = No
     return params, chunks
 
 
+def folders_named(params: object) -> list[tuple[str, str, str]]:
+    """``(dest, table, date)`` of each folder an export run's ``params`` name; nothing for
+    params of another shape (a run row written into the ledger by hand or by anyone: a
+    list, a number where a name belongs), which readers leave out rather than fail on."""
+    if not isinstance(params, dict):
+        return []
+    dest, date, kinds = params.get("dest"), params.get("date"), params.get("kinds")
+    if not (isinstance(dest, str) and isinstance(date, str) and isinstance(kinds, list)):
+        return []
+    return [(dest, t, date) for t in kinds if isinstance(t, str)]
+
+
 def refuse_overlap(ledger: Ledger, params: dict) -> None:
     """``FolderBusyError`` in one line naming the active export run that writes one of the
     same folders (destination, table, date) as ``params``: one run at a time per folder.
     (Chunks enforce it too, atomically: a run that slips past this check waits.)"""
     for run_id in ledger.runs(limit=200, active_only=True):
         run = ledger.run(run_id)
-        other = run["params"]
         if run["kind"] != "export" or run["status"] != "running":
             continue
-        same = (other.get("dest"), other.get("date")) == (params["dest"], params["date"])
-        shared = [t for t in params["kinds"] if t in other.get("kinds", ())]
-        if same and shared:
+        theirs = set(folders_named(run["params"]))
+        shared = [t for t in params["kinds"] if (params["dest"], t, params["date"]) in theirs]
+        if shared:
             raise FolderBusyError(f"run {run_id} is already exporting {', '.join(shared)} "
                                   f"of {params['date']} to {params['dest']}; wait until it ends "
                                   f"(farm status --run {run_id})")
@@ -142,9 +153,12 @@ def export_chunk(ctx: ChunkContext, table: str, shard: int | None = None,
     names = {part_name(s, fmt): s for s in shards}
     there = {} if p.get("force") else chunkparts.intact(dest, parts, folder, list(names))
     todo = [s for n, s in names.items() if n not in there]
+    stale = chunkparts.other_formats(parts, folder, shards, fmt)
     written: list[Part] = []
-    if todo:
+    if todo or stale:
         withdraw(dest, folder, ctx.fence)  # changing: no success marker until final
+    chunkparts.drop(dest, parts, folder, stale, ctx.fence_fresh)  # parts of another format
+    if todo:
         role = p.get("from", "master")
         written = chunkparts.write_parts(
             lambda s: ctx.router.host_for(s, role), table, fmt, dest, folder, todo,

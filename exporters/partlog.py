@@ -92,6 +92,13 @@ class PartLog:
                                f"WHERE ref IN ({marks})", list(by_ref))
         return {by_ref[r]: Part(by_ref[r], s, n, b, h) for r, s, n, b, h in rows}
 
+    def forget(self, folder: str, names: list[str]) -> None:
+        """Drop the records of the parts ``names`` of ``folder`` (deleted from the folder)."""
+        if names:
+            refs = [ref(self.dest, folder + n) for n in names]
+            self.pool.execute("DELETE FROM export_parts WHERE ref IN "
+                              f"({','.join(['%s'] * len(refs))})", refs)
+
     def count_of_run(self, folder: str, run_id: str) -> int:
         """How many parts of ``folder`` ``run_id`` recorded."""
         return int(self.pool.query("SELECT COUNT(*) FROM export_parts WHERE folder = %s "

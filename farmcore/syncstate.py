@@ -85,5 +85,16 @@ class SyncState:
             return {}
         out = dict(zip(cols, rows[0][:-1], strict=True))
         out["leading"] = bool(rows[0][-1])
-        out["applied"] = json.loads(out["applied"]) if out["applied"] else {}
+        out["applied"] = counts(out["applied"])
         return out
+
+
+def counts(text: str | bytes | None) -> dict[str, int]:
+    """The per-table counts of the ``applied`` column; entries of another shape (the column
+    written by hand or by anyone: a list, text for a count) are left out, so they neither
+    stop a checkpoint nor crash the views that show them."""
+    doc = json.loads(text) if text else {}
+    if not isinstance(doc, dict):
+        return {}
+    return {t: n for t, n in doc.items()
+            if isinstance(n, int) and not isinstance(n, bool) and n >= 0}

@@ -6,6 +6,7 @@ Every ``FARM_*`` variable is overridden by the command-line flag of the same mea
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from functools import partial
@@ -147,6 +148,11 @@ def _password_of(url: str) -> str:
         return ""
 
 
+# what boto3 accepts as a bucket name (legacy us-east-1 names included): anything else fails
+# every call with a bare "Parameter validation failed:", and "user:password@" would be shown
+S3_BUCKET = re.compile(r"[A-Za-z0-9._-]{1,255}")
+
+
 def export_url_problem(url: str) -> str | None:
     """Why ``url`` is not an export destination (``s3://bucket/prefix`` or
     ``file:///abs/dir``), or ``None``: the one check behind ``FARM_EXPORT_URL``,
@@ -155,7 +161,9 @@ def export_url_problem(url: str) -> str | None:
         return None if url[len("file://"):].startswith("/") else \
             "file:// needs an absolute path: file:///abs/dir"
     if url.startswith("s3://") and url[len("s3://"):].partition("/")[0]:
-        return None
+        bucket = url[len("s3://"):].partition("/")[0]
+        return None if S3_BUCKET.fullmatch(bucket) else \
+            "an S3 bucket name is letters, digits, '.', '-' and '_' (no user or password)"
     return "expected s3://bucket/prefix or file:///abs/dir"
 
 

@@ -12,9 +12,17 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 
 from shardfarm.errors import ConfigError, ShardMapError, StaleStateError
@@ -48,6 +56,23 @@ def connect(url: str, timeout: float) -> tuple[KazooClient, str]:
     return client, node
 
 
+@contextmanager
+def answered(url: str, what: str) -> Iterator[None]:
+    """A ZooKeeper call on the node of ``url`` whose refusal (the node's ACL) or failure
+    (the ensemble lost meanwhile) is one ``ConfigError`` line, never a traceback.
+    ``NoNodeError`` and the compare-and-set's errors pass: callers answer them."""
+    try:
+        yield
+    except (NoNodeError, BadVersionError, NodeExistsError):
+        raise
+    except NoAuthError:
+        raise ConfigError(f"ZooKeeper refuses to let this process {what} {redact_url(url)}: "
+                          "the node's ACL does not allow it") from None
+    except (KazooException, KazooTimeoutError) as exc:
+        raise ConfigError(f"ZooKeeper could not {what} {redact_url(url)}: "
+                          f"{type(exc).__name__} (is it up?)") from None
+
+
 class ZkSource:
     """The map of a ZooKeeper node, switched to each new valid version as it is published."""
 
@@ -58,13 +83,16 @@ class ZkSource:
         self.client, self.node = connect(url, timeout)
         self._lock = threading.Lock()
         try:
-            data, stat = self.client.get(self.node)
+            with answered(url, "read"):
+                data, stat = self.client.get(self.node)
         except NoNodeError:
-            self.client.stop()
-            self.client.close()
+            self.close()
             raise ShardMapError(f"no shard map at {url}: publish one with "
                                 "'farm shards publish FILE'") from None
-        self._seen = stat.version
+        except ConfigError:
+            self.close()
+            raise
+        self._seen = stat.mzxid  # not the version: a node deleted and made again restarts at 0
         self._held = GuardedMap(ShardMap.from_json(data.decode("utf-8", "replace"), url),
                                 guard, url)
         self.client.DataWatch(self.node, self._changed)
@@ -76,15 +104,15 @@ class ZkSource:
                       self._held.current.version)
             return
         with self._lock:
-            if stat.version == self._seen:
+            if stat.mzxid == self._seen:  # the zxid of its last change: unique, never reused
                 return
-            self._seen = stat.version
+            self._seen = stat.mzxid
             try:
                 new = ShardMap.from_json(data.decode("utf-8", "replace"), self.spec)
             except ShardMapError as exc:
                 log.error("keeping the previous shard map: %s", exc)
                 return
-            self._held.offer(new, stat.version)
+            self._held.offer(new, stat.mzxid)
 
     def current(self) -> ShardMap:
         """The newest map this process accepted."""
@@ -115,7 +143,8 @@ class ZkStore:
     def load(self) -> tuple[str | None, int]:
         """The node's text (``None`` if there is none yet) and its version stamp."""
         try:
-            data, stat = self.client.get(self.node)
+            with answered(self.url, "read"):
+                data, stat = self.client.get(self.node)
         except NoNodeError:
             return None, -1
         return data.decode("utf-8", "replace"), stat.version
@@ -123,10 +152,11 @@ class ZkStore:
     def write(self, text: str, stamp: int) -> None:
         """Replace the node if it is still at ``stamp``; ``StaleStateError`` if not."""
         try:
-            if stamp < 0:
-                self.client.create(self.node, text.encode("utf-8"), makepath=True)
-            else:
-                self.client.set(self.node, text.encode("utf-8"), version=stamp)
+            with answered(self.url, "write"):
+                if stamp < 0:
+                    self.client.create(self.node, text.encode("utf-8"), makepath=True)
+                else:
+                    self.client.set(self.node, text.encode("utf-8"), version=stamp)
         except (BadVersionError, NodeExistsError):
             raise StaleStateError(f"another shard map was published at {self.url} meanwhile;"
                                   " nothing written (look again and retry)") from None

@@ -226,6 +226,10 @@ def test_a_known_run_without_findings_is_still_all_clear(farm_env, ledger):
     ("file://relative/dir", "file:// needs an absolute path: file:///abs/dir"),
     ("s3:///no-bucket", "expected s3://bucket/prefix or file:///abs/dir"),
     ("ftp://me:topsecret@x/y", "expected s3://bucket/prefix or file:///abs/dir"),
+    ("s3://me:topsecret@bkt/y", "an S3 bucket name is letters, digits, '.', '-' and '_' "
+                                "(no user or password)"),
+    ("s3://my bucket!/y", "an S3 bucket name is letters, digits, '.', '-' and '_' "
+                          "(no user or password)"),
 ])
 def test_a_bad_destination_is_usage_as_a_flag_and_config_in_the_environment(farm_env, url,
                                                                             why):

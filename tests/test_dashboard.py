@@ -11,6 +11,7 @@ import pytest
 from dashboard.actions import Guard
 from dashboard.app import create_app
 from farmcore import keys
+from farmcore.syncstate import ROW
 from tests.conftest import run_farm
 from tests.dashkit import TOKEN, make_run
 
@@ -133,6 +134,7 @@ def test_unpause_retry_failed_and_scale_with_a_bearer_token(rt, client_for):
 @pytest.mark.parametrize(("form", "status", "says"), [
     ({"action": "drop-everything"}, 400, "unknown action"),
     ({"action": "scale", "count": "many"}, 400, "bad worker count"),
+    ({"action": "scale", "count": "\u00b2"}, 400, "bad worker count"),  # '²': isdigit(), not int()
     ({"action": "scale", "count": "2", "host": "a b"}, 400, "bad host"),
     ({"action": "pause", "run_id": "no-such-run"}, 409, "no run &#39;no-such-run&#39;"),
 ])
@@ -164,3 +166,22 @@ def test_a_port_in_use_is_one_line_and_exit_1(farm_env):
         out = run_farm(farm_env, "dashboard", "--bind", f"127.0.0.1:{port}")
     assert out.returncode == 1 and out.stderr.count("\n") == 1
     assert "port is in use" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("applied", ['[1]', '"text"', '{"pins": 5, "users": "x", "boards": [1], '
+                                                      '"likes": true, "follows": -2}'])
+def test_forged_sync_counts_do_not_break_the_page_or_metrics(rt, client_for, applied):
+    """``farm sync``'s per-table counts as anyone may write them into the ledger: the page,
+    its fragment and /metrics still answer (before: a 500), showing the counts that are
+    counts."""
+    rt.ledger.pool.execute("REPLACE INTO sync_state (name, owner, host, gtid, event_time, "
+                           "applied) VALUES (%s, 'o', 'h', '0-1-5', 1, %s)", (ROW, applied))
+    try:
+        client = client_for()
+        for path in ("/", "/fragment", "/metrics"):
+            assert client.get(path).status_code == 200, path
+        scraped = client.get("/metrics").get_data(as_text=True)
+        shown = 'shardfarm_sync_applied_keys_total{table="pins"} 5.0' in scraped
+        assert shown == applied.startswith("{") and 'table="users"' not in scraped
+    finally:
+        rt.ledger.pool.execute("DELETE FROM sync_state WHERE name = %s", (ROW,))

@@ -8,6 +8,7 @@ import pytest
 from dashboard import chart, exports
 from dashboard.exports import Calendar
 from dashboard.model import Reader
+from exporters import export as exporter
 from farmcore.ledger import Outcome
 from tests.dashkit import make_run
 
@@ -77,3 +78,30 @@ def test_the_calendar_asks_the_destination_for_success(rt, tmp_path, monkeypatch
     (tmp_path / "boards" / "dt=2026-11-19" / "_SUCCESS").write_bytes(b"")
     assert {(c.table, c.date): c.success for c in calendar.cells()}[
         ("boards", "2026-11-19")] is True  # a missing marker is asked again
+
+
+FORGED_EXPORT_PARAMS = ['[]', '"users"', '{"kinds": [["a"]], "dest": "file:///tmp", "date": "d"}',
+                        '{"kinds": ["users"], "dest": 5, "date": "2026-11-19"}',
+                        '{"kinds": ["users"], "dest": "file:///etc/passwd", "date": "d"}',
+                        '{"kinds": ["users"], "dest": "file:///tmp", "date": 7}',
+                        '{"kinds": [5], "dest": "file:///tmp", "date": "e"}']
+
+
+def test_forged_export_runs_do_not_break_the_calendar(rt, tmp_path):
+    """Export runs of any shape written into the ledger (params a list, numbers where names
+    belong, a destination through a file) are left out; the real ones still show."""
+    rt.ledger.create_run("export", "farm", {"kinds": ["pins"], "date": "2026-11-19",
+                                            "dest": f"file://{tmp_path}"}, [])
+    for i, params in enumerate(FORGED_EXPORT_PARAMS):
+        rt.ledger.pool.execute("INSERT INTO runs (run_id, kind, status, queue, params) VALUES "
+                               "(%s, 'export', 'running', 'q', %s)", (f"export-forged-{i}",
+                                                                     params))
+    try:
+        dates, tables, cells = Calendar(rt.ledger).grid()
+        assert cells[("pins", "2026-11-19")].success is False
+        assert cells[("users", "d")].success is None  # /etc/passwd/users/…: unknown, no crash
+        assert all(isinstance(d, str) for d in dates + tables)
+        params = {"kinds": ["users"], "date": "2026-11-19", "dest": "file:///tmp"}
+        exporter.refuse_overlap(rt.ledger, params)  # the forged runs name no folder of it
+    finally:
+        rt.ledger.pool.execute("DELETE FROM runs WHERE run_id LIKE %s", ("export-forged-%",))

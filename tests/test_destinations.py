@@ -11,6 +11,7 @@ import pytest
 
 from exporters import export as exporter
 from exporters.destinations import FileDestination, S3Destination
+from exporters.partlog import FolderBusyError
 from shardfarm.errors import RetryableError
 from tests.test_export import BUCKET, DATE, s3  # noqa: F401 - the S3 server fixture
 
@@ -131,3 +132,22 @@ def test_finalizers_under_the_folder_lock_write_once(ledger, tmp_path):
     other = exporter.PartLog(ledger.pool, dest.url)
     with log_.lock("likes/dt=x/"), pytest.raises(RetryableError), other.lock("likes/dt=x/", 0):
         pass
+
+
+def test_one_directory_is_one_destination_however_it_is_spelled(router, ledger, tmp_path):
+    """``..``, ``.`` and a symlink name the same directory: a second export of the same
+    folder spelled so is refused while the first runs (and its chunks claim the same folder)
+    instead of writing beside it under a success marker of its own."""
+    (tmp_path / "a").mkdir()
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    first, chunks = exporter.plan(router, DATE, f"file://{tmp_path}/a", ["users"])
+    run = ledger.create_run("export", "farm", first, chunks)
+    try:
+        for spelled in (f"file://{tmp_path}/b/../a", f"file://{tmp_path}/link",
+                        f"file://{tmp_path}/./a/"):
+            params, _ = exporter.plan(router, DATE, spelled, ["users"])
+            assert params["dest"] == first["dest"] == f"file://{tmp_path}/a"
+            with pytest.raises(FolderBusyError, match=run):
+                exporter.refuse_overlap(ledger, params)
+    finally:
+        ledger.pool.execute("UPDATE runs SET status = 'done' WHERE run_id = %s", (run,))

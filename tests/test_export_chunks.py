@@ -7,6 +7,7 @@ import hashlib
 import json
 
 from exporters import export as exporter
+from exporters import formats
 from exporters.destinations import FileDestination
 from exporters.partlog import PartLog
 from farmcore.context import ChunkContext
@@ -107,3 +108,24 @@ def test_file_destination_refuses_keys_that_leave_its_root(tmp_path):
         with pytest.raises(ConfigError, match="leaves"):
             dest.open_part(key)
     assert dest.sizes("users/dt=x/", ["part-00001.jsonl.gz"]) == {}
+
+
+def test_an_export_in_another_format_replaces_the_parts(ledger, router, tmp_path,
+                                                        data):  # noqa: F811
+    """jsonl, then parquet, then jsonl again of one date: each time the folder holds the
+    parts of that format alone, as its manifest lists them (a reader takes every file of
+    the folder: parts of both formats under one _SUCCESS were every row twice)."""
+    dest = FileDestination(tmp_path / "formats")
+    folder = f"users/dt={DATE}/"
+    for fmt in ("jsonl", "parquet", "jsonl"):
+        params, chunks = exporter.plan(router, DATE, dest.url, ["users"], fmt=fmt)
+        run_id = ledger.create_run("export", "farm", {**params, "handler": exporter.HANDLER},
+                                   chunks)
+        for i in range(len(chunks)):
+            _run(ledger, router, run_id, i)
+        ledger.refresh_status(run_id)
+        listed = json.loads(dest.read(folder + exporter.MANIFEST))["files"]
+        parts = [k for k in dest.list(folder) if "/part-" in k]
+        assert parts == sorted(folder + f["path"] for f in listed) and len(parts) == 16
+        assert all(k.endswith(formats.EXTENSIONS[fmt]) for k in parts)
+        assert dest.exists(folder + exporter.SUCCESS)

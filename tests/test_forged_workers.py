@@ -18,6 +18,7 @@ from dashboard.app import create_app
 from farmcore import keys
 from jobs import status
 from tests.conftest import run_farm
+from workers import metrics as metrics_mod
 from workers.metrics import SupervisorMetrics
 
 REAL = f"{socket.gethostname()}:4242:abcdef"
@@ -119,3 +120,29 @@ def test_forged_supervisor_heartbeats_are_skipped(rt, conn):
     conn.hset(keys.supervisors(), "real", json.dumps(real))
     assert [d["host"] for d in status.read_supervisors(conn)] == [HOST]
     assert status.workers_view(rt)[HOST]["desired"] == 3
+
+
+FORGED_TIMINGS = [b"garbage", b"[1, 2]", b'{"queue": "q"}', b'{"queue": 7, "outcome": "x", '
+                  b'"seconds": 1}', b'{"queue": "q", "outcome": "finished", "seconds": "1"}',
+                  b'{"queue": "q", "outcome": "finished", "seconds": -1}',
+                  b'{"queue": "q", "outcome": {"a": 1}, "seconds": 1}', b"\xff"]
+
+
+def test_forged_job_timings_are_skipped_by_the_supervisor(conn):
+    """A supervisor drains its workers' job records every tick: records pushed by anyone
+    else (before: the tick raised, and the supervisor stopped) are skipped, and so are
+    new label pairs past MAX_SERIES."""
+    key = keys.job_timings("test:1")
+    real = json.dumps({"queue": "farm", "outcome": "finished", "seconds": 0.5})
+    many = [json.dumps({"queue": f"q{i}", "outcome": "finished", "seconds": 1})
+            for i in range(250)]
+    conn.rpush(key, *FORGED_TIMINGS, real, *many)
+    metrics = SupervisorMetrics(HOST, key)
+    while metrics.drain(conn):
+        pass
+    get = metrics.registry.get_sample_value
+    assert get("shardfarm_jobs_ended_total", {"queue": "farm", "outcome": "finished"}) == 1
+    assert get("shardfarm_jobs_ended_total", {"queue": "q", "outcome": "finished"}) is None
+    series = {s.labels["queue"] for m in metrics.registry.collect()
+              if m.name == "shardfarm_jobs_ended" for s in m.samples}
+    assert len(series) == metrics_mod.MAX_SERIES < 250

@@ -6,6 +6,8 @@ import json
 import uuid
 
 import pytest
+from kazoo.client import KazooClient
+from kazoo.security import make_acl, make_digest_acl
 
 from shardfarm.errors import ConfigError, ShardMapError, StaleStateError
 from sharding.mappublish import publish
@@ -103,3 +105,46 @@ def test_a_guard_holds_a_new_version_back(url):
         assert source.current().version == 1
     finally:
         source.close()
+
+
+def test_a_node_deleted_and_published_again_is_picked_up(url):
+    """A map node deleted (by hand, a lost ensemble) and published again restarts its
+    ZooKeeper version at 0: a watcher that compared node versions kept the old map."""
+    publish(url, _doc(1))
+    source = open_source(url)
+    store = ZkStore(url)
+    try:
+        store.client.delete(store.node)
+        publish(url, _doc(2, master="MySQL001B"))  # node version 0 again, as the first was
+        source.refresh()  # the node read now (the watch may deliver it first: same result)
+        assert source.current().version == 2
+        assert source.current().shard_range(0).master == "MySQL001B"
+    finally:
+        store.close()
+        source.close()
+
+
+def test_a_node_its_acl_keeps_from_us_is_one_line(url):
+    """A map node whose ACL lets this process not read (or not write) it: one line naming
+    the node and the ACL, for the watcher and for ``farm shards publish`` (before: a
+    kazoo NoAuthError traceback)."""
+    owner = KazooClient(hosts=parse_url(url)[0], auth_data=[("digest", "owner:secret")])
+    owner.start()
+    try:
+        node = parse_url(url)[1]
+        owner.create(node, _doc(1).encode(), makepath=True,
+                     acl=[make_digest_acl("owner", "secret", all=True)])
+        with pytest.raises(ConfigError, match=r"refuses to let this process read .* ACL"):
+            open_source(url)
+        with pytest.raises(ConfigError, match=r"refuses to let this process read .* ACL"):
+            publish(url, _doc(2))
+        owner.set_acls(node, [make_digest_acl("owner", "secret", all=True),
+                              make_acl("world", "anyone", read=True)])
+        source = open_source(url)
+        assert source.current().version == 1
+        source.close()
+        with pytest.raises(ConfigError, match=r"refuses to let this process write .* ACL"):
+            publish(url, _doc(2))
+    finally:
+        owner.stop()
+        owner.close()

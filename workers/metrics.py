@@ -25,6 +25,7 @@ ENV_KEY = "FARM_METRICS_KEY"
 KEEP = 10_000          # records a list holds at most while nobody drains it
 KEY_TTL = 3600
 DRAIN = 1000           # records taken per tick
+MAX_SERIES = 200       # (queue, outcome) pairs the job histogram holds at most
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
 
@@ -44,6 +45,7 @@ class SupervisorMetrics:
 
     def __init__(self, host: str, key: str) -> None:
         self.host, self.key = host, key
+        self._series: set[tuple[str, str]] = set()  # (queue, outcome) label pairs in use
         self.registry = CollectorRegistry(auto_describe=True)
         self.latency = Histogram("shardfarm_job_duration_seconds", "Seconds a job ran on a "
                                  "worker of this supervisor, by queue and outcome.",
@@ -68,10 +70,32 @@ class SupervisorMetrics:
         """Move the workers' job records into the histogram; returns how many."""
         records = conn.lpop(self.key, DRAIN) or []
         for raw in records:
-            doc = json.loads(raw)
-            self.latency.labels(doc["queue"], doc["outcome"]).observe(doc["seconds"])
-            self.ended.labels(doc["queue"], doc["outcome"]).inc()
+            got = self._record(raw)
+            if got is None:
+                continue
+            queue, outcome, seconds = got
+            self.latency.labels(queue, outcome).observe(seconds)
+            self.ended.labels(queue, outcome).inc()
         return len(records)
+
+    def _record(self, raw: bytes) -> tuple[str, str, float] | None:
+        """``(queue, outcome, seconds)`` of a worker's record; ``None`` for anything else
+        that was pushed on the list (anyone may write to Redis: text that is not JSON, a
+        number where a name belongs, a new name past ``MAX_SERIES`` series), skipped."""
+        try:
+            doc = json.loads(raw)
+            queue, outcome, seconds = doc["queue"], doc["outcome"], doc["seconds"]
+        except (ValueError, TypeError, KeyError):
+            return None
+        if not (isinstance(queue, str) and isinstance(outcome, str) and len(queue) <= 200
+                and len(outcome) <= 40 and isinstance(seconds, int | float)
+                and not isinstance(seconds, bool) and 0 <= seconds < 1e9):
+            return None
+        if (queue, outcome) not in self._series:
+            if len(self._series) >= MAX_SERIES:
+                return None
+            self._series.add((queue, outcome))
+        return queue, outcome, float(seconds)
 
     def observe_workers(self, conn: redis.Redis, pids: Iterable[int], desired: int) -> None:
         """Workers of this supervisor by state, from rq's registry of workers."""
