@@ -197,6 +197,7 @@ end
 return out
 """)
 LOST_MARK = "@LOST@"
+HOLDS_ROUND = 10_000  # items one _HOLDS call looks at (a script blocks Redis while it runs)
 LOST_REASON = "job data lost or overwritten in Redis"
 
 
@@ -242,19 +243,14 @@ def commit(conn: redis.Redis, queue: str, job_id: str, commands: Sequence[tuple]
 
 
 def unheld(conn: redis.Redis, queue: str, ids: Sequence[str]) -> list[str]:
-    """Those of ``ids`` no live job carries (two pipelined round trips, nothing written)."""
-    pairs = buckets(queue, ids)
-    with conn.pipeline(transaction=False) as pipe:
-        for i in range(0, len(pairs), 2):
-            pipe.hget(pairs[i], pairs[i + 1])
-        holders = pipe.execute()
-    held = [(item, h.decode()) for item, h in zip(ids, holders, strict=True) if h]
-    with conn.pipeline(transaction=False) as pipe:
-        for _, h in held:
-            pipe.type(JOB_PREFIX + h)
-        alive = {item for (item, _), t in zip(held, pipe.execute(), strict=True)
-                 if t == b"hash"}
-    return [item for item in ids if item not in alive]
+    """Those of ``ids`` no live job carries (``holds``, ``HOLDS_ROUND`` items a script call,
+    nothing written)."""
+    out: list[str] = []
+    for i in range(0, len(ids), HOLDS_ROUND):
+        part = ids[i:i + HOLDS_ROUND]
+        out += [item for item, held in zip(part, holds(conn, queue, part), strict=True)
+                if held != "+"]
+    return out
 
 
 def holds(conn: redis.Redis, queue: str, ids: Sequence[str]) -> list[str]:

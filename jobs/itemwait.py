@@ -18,10 +18,8 @@ from dataclasses import dataclass
 import redis
 
 from farmcore import keys
-from jobs.accounting import holds
+from jobs.accounting import HOLDS_ROUND, holds
 from jobs.lost import reap_jobs
-
-ROUND = 10_000
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,8 @@ class ItemWatch:
     def poll(self) -> ItemsProgress:
         """Look at the items still open once; how all of them stand now."""
         pending = list(self.open)
-        for i in range(0, len(pending), ROUND):
-            free = self._free(pending[i:i + ROUND])
+        for i in range(0, len(pending), HOLDS_ROUND):
+            free = self._free(pending[i:i + HOLDS_ROUND])
             if not free:
                 continue
             records = self.conn.hmget(keys.failed_items(self.queue), free)
