@@ -96,8 +96,8 @@ def workers_view(rt: Runtime, workers: list[Worker] | None = None) -> dict:
     for doc in read_supervisors(rt.redis):
         h = per_host[doc["host"]]
         h["desired"] = (h["desired"] or 0) + doc["desired"]
-        if ours and doc.get("farm_id") not in (None, ours):
-            h["other_farm"] = True  # its workers serve another control database
+        if serves_another_farm(doc, ours):
+            h["other_farm"] = True
     return dict(per_host)
 
 
@@ -115,6 +115,12 @@ def read_supervisors(conn: redis.Redis) -> list[dict]:
             continue
         out.append(doc)
     return out
+
+
+def serves_another_farm(doc: dict, ours: str | None) -> bool:
+    """Whether a supervisor's heartbeat says its workers serve another control database than
+    the one whose farm ID is ``ours`` (either unknown: no)."""
+    return bool(ours) and doc.get("farm_id") not in (None, ours)
 
 
 def _supervisor(raw: bytes) -> dict | None:

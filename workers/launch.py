@@ -19,7 +19,7 @@ from farmcore.identity import farm_id
 from farmcore.preflight import preflight
 from jobs import runs
 from jobs.runtime import Runtime
-from jobs.status import read_supervisors
+from jobs.status import read_supervisors, serves_another_farm
 from loaders import feeds as feeder
 from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
@@ -45,8 +45,8 @@ def warn_without_workers(rt: Runtime, notice: Notice) -> None:
         return
     ours = farm_id(rt.ledger.pool)
     others = sorted({d["host"] for d in read_supervisors(rt.redis)
-                     if d.get("farm_id") and d["farm_id"] != ours})
-    if ours and others:
+                     if serves_another_farm(d, ours)})
+    if others:
         notice(f"workers on {', '.join(others[:5])} serve another control database than "
                f"{rt.settings.control_dsn} (check their FARM_CONTROL_DSN): they cannot run "
                "this run's chunks")
