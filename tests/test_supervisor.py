@@ -75,6 +75,17 @@ def test_a_worker_that_fails_as_it_starts_is_restarted_after_a_growing_pause(set
     assert sup._spawn_after - time.monotonic() <= MAX_RESPAWN_PAUSE  # up to a bound
 
 
+def test_a_worker_that_crashes_as_it_starts_is_restarted_after_a_pause(settings):
+    """A crash signal (an abort, a segfault in an extension at import) soon after start is a
+    failure to start like an error exit: before, such a worker was restarted every tick."""
+    sup = Supervisor(settings, 1, ["farm"])
+    crashed = _ended(sup, "import os", "os.abort()")
+    assert sup.ended_badly == [f"pid {crashed.pid}: killed by SIGABRT"]
+    assert 1 < sup._spawn_after - time.monotonic() <= 2
+    sup.converge()
+    assert sup.children == []  # not restarted during the pause
+
+
 def test_a_killed_worker_is_replaced_at_once(settings):
     sup = Supervisor(settings, 1, ["farm"])
     killed = _ended(sup, "import os, signal", "os.kill(os.getpid(), signal.SIGKILL)")

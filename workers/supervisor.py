@@ -39,6 +39,11 @@ COLD_GRACE = 3.0
 OBSERVE_EVERY = 2.0
 FAST_FAIL = 10.0  # a worker that exits with an error this soon after starting "fails to start"
 MAX_RESPAWN_PAUSE = 30.0
+# signals a process raises by its own fault (a crash in an extension, an abort at import):
+# like an error exit, soon after start they mean "fails to start"; SIGKILL or SIGTERM come
+# from outside (an operator, the OOM killer) and the worker is replaced at once
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
+                           signal.SIGFPE, signal.SIGSYS})
 MAX_WORKERS = 1000  # per supervisor: 'farm workers --count', 'farm scale', the dashboard's scale
 _refused: dict[str, bytes] = {}  # scale keys whose value was ignored (warned once)
 
@@ -171,9 +176,10 @@ class Supervisor:
         return self.children
 
     def _reaped(self, child: subprocess.Popen) -> None:
-        """Note how ``child`` ended. A worker that exits on its own with an error soon after
-        it started (a configuration only the worker checks) is restarted after a growing
-        pause, not in a loop; a killed one (a crash, the OOM killer) at once."""
+        """Note how ``child`` ended. A worker that fails soon after it started (an error exit:
+        a configuration only the worker checks; or a crash signal, ``CRASH_SIGNALS``) is
+        restarted after a growing pause, not in a loop; a killed one (SIGKILL: an operator,
+        the OOM killer) at once."""
         started = self._started.pop(child.pid, time.monotonic())
         code = child.returncode
         self._retiring.discard(child.pid)
@@ -184,7 +190,8 @@ class Supervisor:
         if len(self.ended_badly) < MAX_WORKERS:  # every one of a burst; bounded for a daemon
             self.ended_badly.append(f"pid {child.pid}: {how}")
         log.warning("worker %d ended (%s)", child.pid, how)
-        if code > 0 and time.monotonic() - started < FAST_FAIL:
+        crashed = code > 0 or -code in CRASH_SIGNALS
+        if crashed and time.monotonic() - started < FAST_FAIL:
             self._failing += 1
             pause = min(MAX_RESPAWN_PAUSE, 2.0 ** self._failing)
             self._spawn_after = time.monotonic() + pause
