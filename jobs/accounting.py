@@ -44,7 +44,6 @@ from redis.commands.core import Script
 from farmcore import keys
 from jobs.farmjob import FarmJob
 
-PROGRESS_TTL = 7 * 24 * 3600
 DEDUP_BUCKETS = 1 << 16
 MAX_RECORD_ARGS = 4000  # bytes of arguments kept in a failure record
 JOB_PREFIX = FarmJob.redis_job_namespace_prefix
@@ -81,9 +80,11 @@ return {}
 """)
 
 # KEYS: progress, counter, rq job, jobs holding items. ARGV: job id, new progress, items in
-# the job, ttl, (dedup bucket, id) pairs to release... Only a job that still holds counted
-# items (its entry in KEYS[4]) and is a hash not marked done moves: a zombie, or a job whose
-# items were settled or reaped meanwhile, cannot count twice.
+# the job, (dedup bucket, id) pairs to release... Only a job that still holds counted items
+# (its entry in KEYS[4]) and is a hash not marked done moves: a zombie, or a job whose items
+# were settled or reaped meanwhile, cannot count twice. The progress has no expiry: it lives
+# exactly as long as the job's entry (whatever removes the entry, the end of advance, settle
+# or reap, deletes it), however long the job waits half done.
 _ADVANCE = Script(None, b"""
 if redis.call('TYPE', KEYS[3]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[3], 'farm_done') == 1
     or redis.call('HEXISTS', KEYS[4], ARGV[1]) == 0 then
@@ -98,9 +99,9 @@ if new >= tonumber(ARGV[3]) then
   redis.call('HSET', KEYS[3], 'farm_done', 1)
   redis.call('HDEL', KEYS[4], ARGV[1])
 else
-  redis.call('SET', KEYS[1], new, 'EX', ARGV[4])
+  redis.call('SET', KEYS[1], new)
 end
-for i = 5, #ARGV, 2 do
+for i = 4, #ARGV, 2 do
   if redis.call('HGET', ARGV[i], ARGV[i + 1]) == ARGV[1] then
     redis.call('HDEL', ARGV[i], ARGV[i + 1])
   end
@@ -268,7 +269,7 @@ def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: in
     return int(_ADVANCE(
         keys=[keys.item_progress(job_id), keys.items_queued(queue), JOB_PREFIX + job_id,
               keys.job_items(queue)],
-        args=[job_id, progress, total, PROGRESS_TTL, *buckets(queue, released)], client=conn))
+        args=[job_id, progress, total, *buckets(queue, released)], client=conn))
 
 
 def progress(conn: redis.Redis, job_id: str) -> int:

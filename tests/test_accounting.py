@@ -137,6 +137,37 @@ def test_advance_moves_once_whoever_repeats_it(conn):
     assert _counter(conn) == 0
 
 
+def test_a_half_done_job_keeps_its_progress_however_long_it_waits(conn):
+    """The resume point lived 7 days: a job left half done longer (a queue without workers
+    over a holiday) started again from 0, and its second advance counted the first half out
+    twice (the counter fell below the items still queued; a wait ended early)."""
+    enqueue_many("t", "tests.kinds.record", ITEMS[:10], connection=conn, batch=10)
+    job_id = _ids(conn)[0][1].decode()
+    ids = [i for i, _ in _ids(conn)]
+    assert accounting.advance(conn, "t", job_id, 5, 10, ids[:5]) == 5
+    assert conn.ttl(keys.item_progress(job_id)) == -1  # no expiry
+    assert accounting.advance(conn, "t", job_id, 10, 10, ids) == 5
+    assert not conn.exists(keys.item_progress(job_id))
+
+
+@pytest.mark.parametrize("end", ["settled", "reaped"])
+def test_a_job_counted_out_leaves_no_progress_behind(conn, end):
+    """Without an expiry, whatever counts a half-done job out must delete its progress."""
+    enqueue_many("t", "tests.kinds.record", ITEMS[:10], connection=conn, batch=10)
+    job_id = _ids(conn)[0][1].decode()
+    ids = [i for i, _ in _ids(conn)]
+    assert accounting.advance(conn, "t", job_id, 4, 10, ids[:4]) == 4
+    if end == "settled":
+        conn.zadd("test:failed-registry", {job_id: 0})
+        records = [(item, "{}") for item in ids]
+        assert accounting.settle(conn, "t", "test:failed-registry", job_id, records)
+    else:
+        conn.delete(accounting.JOB_PREFIX + job_id)
+        assert accounting.reap(conn, "t", job_id, ids) == (6, 6)
+    assert _counter(conn) == 0
+    assert not conn.exists(keys.item_progress(job_id))
+
+
 def test_a_deferred_item_stays_in_flight_until_it_runs(conn):
     enqueue_many("t", "tests.kinds.flaky_once", [{"key": "f", "value": 1}], connection=conn)
     _drain(conn)  # first run fails: the item is deferred as a scheduled job of its own
