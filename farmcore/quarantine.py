@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from farmcore.syncstate import hold
 from shardfarm.mysql.inlist import IN_LIST_MAX
 from shardfarm.mysql.pool import Pool
 
@@ -18,6 +19,9 @@ if TYPE_CHECKING:  # the ledger wires these stores in: no import at run time
 BATCH = 1000  # rows per INSERT
 SYNC_CHUNK = -1  # the chunk_id of rows ``farm sync`` records
 BadRow = tuple[str, str, str, str | None]  # (legacy table, legacy key, reason, detail)
+INSERT = ("INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, detail, chunk_id) "
+          "VALUES (%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE reason = VALUES(reason), "
+          "detail = VALUES(detail)")
 
 
 class Quarantine:
@@ -33,27 +37,40 @@ class Quarantine:
         self._insert(params)
 
     def replace(self, run_id: str, table: str, keys: list[str], rows: list[BadRow],
-                prefix: bool = False) -> None:
+                prefix: bool = False, fence: int | None = None) -> None:
         """Make ``rows`` the quarantine of legacy ``keys`` of ``table`` in a run (``farm
         sync``: a key applied again is quarantined for its current reason or not at all).
-        With ``prefix``, a key is a first key column (``7`` stands for ``7:*``)."""
+        With ``prefix``, a key is a first key column (``7`` stands for ``7:*``). With
+        ``fence`` (the sync lease's), one transaction that ``FencedError`` refuses once
+        another leader took over: a stalled leader's verdicts, older than its successor's,
+        would otherwise be written over them."""
+        deletes = []
         for i in range(0, len(keys), IN_LIST_MAX):
             part = keys[i:i + IN_LIST_MAX]
             cond = (" OR ".join(["legacy_key LIKE %s"] * len(part)) if prefix
                     else f"legacy_key IN ({','.join(['%s'] * len(part))})")
             args = [f"{k}:%" for k in part] if prefix else part
-            self.pool.execute("DELETE FROM quarantine WHERE run_id = %s AND legacy_table = %s "
-                              f"AND ({cond})", (run_id, table, *args))
+            deletes.append(("DELETE FROM quarantine WHERE run_id = %s AND legacy_table = %s "
+                            f"AND ({cond})", (run_id, table, *args)))
         params = [(run_id, t, k, reason, (detail or "")[:500], SYNC_CHUNK)
                   for t, k, reason, detail in rows]
-        self._insert(params)
+        if fence is None:
+            for sql, args in deletes:
+                self.pool.execute(sql, args)
+            self._insert(params)
+            return
+
+        def tx(cur) -> None:
+            hold(cur, fence)
+            for sql, args in deletes:
+                cur.execute(sql, args)
+            for i in range(0, len(params), BATCH):
+                cur.executemany(INSERT, params[i:i + BATCH])
+        self.pool.run(tx, transaction=True)
 
     def _insert(self, params: list[tuple]) -> None:
         for i in range(0, len(params), BATCH):
-            self.pool.executemany(
-                "INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, detail, "
-                "chunk_id) VALUES (%s,%s,%s,%s,%s,%s) ON DUPLICATE KEY UPDATE "
-                "reason = VALUES(reason), detail = VALUES(detail)", params[i:i + BATCH])
+            self.pool.executemany(INSERT, params[i:i + BATCH])
 
     def rows(self, run_id: str, limit: int | None = None) -> list[dict]:
         """Quarantined rows of a run: table, legacy key, reason, detail."""

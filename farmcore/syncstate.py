@@ -11,9 +11,22 @@ from __future__ import annotations
 
 import json
 
+from shardfarm.errors import FencedError
 from shardfarm.mysql.pool import Pool
 
 ROW = "sync"
+
+
+def hold(cur, fence: int) -> None:
+    """Inside a control-database transaction: share-lock the sync row and raise
+    ``FencedError`` unless ``fence`` still leads. Until commit no process can take the
+    lease over, so what the transaction writes is a leader's (``farm sync``'s quarantine:
+    a stalled leader's late write would undo its successor's)."""
+    cur.execute("SELECT fence FROM sync_state WHERE name = %s LOCK IN SHARE MODE", (ROW,))
+    row = cur.fetchone()
+    if row is None or int(row[0]) != fence:
+        raise FencedError(f"sync lease {fence} was taken over (the fence is now "
+                          f"{row[0] if row else 'gone'}): a stale leader records nothing")
 
 
 class SyncState:

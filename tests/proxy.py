@@ -145,7 +145,7 @@ class TcpProxy:
                     if not data:
                         break
                     dst.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: select on a socket ``stop`` closed
             pass
         finally:
             for s in (src, dst):

@@ -311,3 +311,24 @@ def test_reverse_chunks_share_the_rows_evenly():
     chunks = list(reverser.pack(groups, 60))
     assert [n for _, n in chunks] == [50, 50]
     assert chunks[0][0] == [[s, s * 100, s * 100 + 9] for s in range(5)]
+
+
+def test_a_directory_entry_in_no_known_state_fails_its_chunk(rt, router, hot_board):
+    """A hot board's directory rows written by hand with a state the rebalance does not know:
+    before, no step ran and the chunk 'succeeded' (the run done, exit 0, the board never
+    spread, the same again on every run); now the chunk fails, naming what to repair."""
+    board, _ = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+    directory = shard_table(HOT_SHARD, hotspot.DIRECTORY)
+    router.run(HOT_SHARD, lambda cur: cur.executemany(
+        f"INSERT INTO {directory} (board_id, shard, state) VALUES (%s, %s, 'copyin')",
+        [(board, SHARDS_A[0]), (board, SHARDS_B[0])]))
+    params, chunks = rebalancer.plan(router, "board_followedby_users", 1000, 2)
+    assert [c.args["board"] for c in chunks] == [board]
+    run_id = rt.ledger.create_run("rebalance", "none",
+                                  {**params, "handler": rebalancer.HANDLER}, chunks)
+    lifecycle.execute(rt, run_id, 0)
+    assert rt.ledger.refresh_status(run_id) == "failed"
+    (failure,) = rt.ledger.failures(run_id)
+    assert "no state the rebalance knows" in str(failure) and hotspot.DIRECTORY in str(failure)
+    assert {s for s, _, _ in _rows_everywhere(router, board)} == {HOT_SHARD}  # nothing moved

@@ -12,9 +12,11 @@ import threading
 import pymysql
 import pytest
 
+from loaders.migration import feed as feed_module
 from loaders.migration import sync
 from loaders.migration.binlog import behind
-from shardfarm.errors import FencedError
+from shardfarm.errors import FencedError, TransientDatabaseError
+from shardfarm.mysql.dsn import DSN
 from shardfarm.retry import RetryPolicy
 from sharding import fencing
 from sharding.fencing import FenceToken
@@ -24,6 +26,7 @@ from tests.conftest import SHARDS_A, run_farm
 from tests.dashkit import dashboard, get, labels, scrape
 from tests.farmkit import stop
 from tests.migratekit import last_json
+from tests.proxy import TcpProxy
 from tests.synckit import exact, legacy_server, live, load, start_sync  # noqa: F401 - fixtures
 
 ONCE = RetryPolicy(attempts=1)
@@ -227,6 +230,40 @@ def test_the_binlog_reader_process_ends_with_its_follower(legacy_server):  # noq
     parent.wait()
     parent.stdout.close()
     faults.wait_until(lambda: not _running(reader), "the reader process to end", timeout=15)
+
+
+def test_a_stalled_binlog_stream_ends_the_feed_in_one_line(legacy_server,  # noqa: F811
+                                                            monkeypatch):
+    """The legacy server (or the network) stops answering without closing the connection:
+    no event, no heartbeat. Before, the follower waited for the next message for ever
+    ('farm sync --until-caught-up' never ended, SIGTERM did not stop it); now it gives up
+    after SILENCE_SECONDS with one transient error naming the server."""
+    monkeypatch.setattr(feed_module, "SILENCE_SECONDS", 3.0)
+    pos = legacy_server.sql("SELECT @@gtid_binlog_pos")[0][0]
+    with TcpProxy.start(legacy_server.port) as proxy:
+        feed = feed_module.Feed(DSN.parse(f"mysql://root@127.0.0.1:{proxy.port}/legacy"),
+                                pos)
+        try:
+            assert feed.take(sync.Changes(), 10).idle  # heartbeats come through the proxy
+            proxy.freeze()
+            ended: list[BaseException] = []
+
+            def taking() -> None:
+                try:
+                    while True:  # the heartbeats read ahead before the freeze, then silence
+                        feed.take(sync.Changes(), 10)
+                except BaseException as exc:  # noqa: BLE001 - looked at below
+                    ended.append(exc)
+            taker = threading.Thread(target=taking, daemon=True)
+            taker.start()
+            taker.join(60)  # 20 times the bound: a feed still waiting then waits for ever
+            assert ended, "the feed still waits for a stalled stream"
+            assert isinstance(ended[0], TransientDatabaseError), ended[0]
+            message = str(ended[0])
+            assert f"127.0.0.1:{proxy.port}" in message and "heartbeat" in message
+            assert "\n" not in message
+        finally:
+            feed.close()
 
 
 def test_tables_fence_apart_and_a_zombie_leader_is_refused_per_table(router):

@@ -7,11 +7,19 @@ for its own session stops sync in one line, and the advised re-run brings it bac
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import pytest
 
 from farmcore.ledger import ChunkSpec
+from farmcore.quarantine import Quarantine
 from loaders.migration import migrate as migration
+from loaders.migration import sync
+from shardfarm.errors import FencedError
+from shardfarm.mysql.dsn import DSN
 from shardfarm.settings import Settings
+from sharding.fencing import FenceToken
 from tests import faults
 from tests.conftest import run_farm
 from tests.dashkit import dashboard, get
@@ -251,3 +259,69 @@ def test_sync_stops_at_a_partial_row_image_in_one_line(live, ledger, legacy_serv
     out = run_farm(live, "sync", "--until-caught-up", timeout=120)
     assert out.returncode == 0, out.stderr
     assert ledger.sync_state.read()["run_id"] == run_id
+
+
+class _StallingQuarantine(Quarantine):
+    """The control database's quarantine, its sync writes held at their first statement
+    until ``go`` (the zombie's apply, stalled between its legacy read and its record)."""
+
+    def __init__(self, pool) -> None:
+        super().__init__(pool)
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def replace(self, *args, **kwargs) -> None:
+        self.reached.set()
+        assert self.go.wait(120)
+        super().replace(*args, **kwargs)
+
+
+def test_a_zombie_leaders_late_quarantine_is_refused(live, ledger, router,  # noqa: F811
+                                                     legacy_server):  # noqa: F811
+    """A leader stalls inside an apply after reading a user as bad, before recording it;
+    its lease is taken over, the user made valid again and applied by the new leader. The
+    zombie's late record used to put the user back in the quarantine (unfenced: nothing
+    applies that key again until it changes) while the target holds it; now the record is
+    one transaction that the new fence refuses."""
+    _forget_position(ledger)
+    run = ledger.run(_migrate(live))
+    user = _valid_user(legacy_server)
+    (name,), = legacy_server.sql(f"SELECT username FROM legacy.users WHERE id = {user}")
+    load(legacy_server, [f"UPDATE users SET username = NULL WHERE id = {user}"])
+    dsn = DSN.parse(live["FARM_LEGACY_DSN"])
+    readers, stalling = sync.Readers(dsn), _StallingQuarantine(ledger.pool)
+
+    def changes() -> sync.Changes:
+        out = sync.Changes()  # as the binlog tells it: the username changed
+        out.add("users", {"id": user, "username": name}, {"id": user, "username": None})
+        return out
+    zombie = ledger.sync_state.acquire("zombie", "host-a", 60)
+    failed: list[BaseException] = []
+
+    def zombie_apply() -> None:
+        try:
+            sync.apply(router, FenceToken("sync", 0, zombie), readers, stalling, run, changes())
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            failed.append(exc)
+    thread = threading.Thread(target=zombie_apply, daemon=True)
+    thread.start()
+    try:
+        assert stalling.reached.wait(120)  # the zombie judged the user bad, and stalls
+        load(legacy_server, [f"UPDATE users SET username = '{name}' WHERE id = {user}"])
+        ledger.pool.execute("UPDATE sync_state SET expires = NOW(3) - INTERVAL 1 SECOND")
+        heir = ledger.sync_state.acquire("heir", "host-b", 60)
+        assert heir == zombie + 1
+        heirs = sync.Readers(dsn)
+        try:
+            sync.apply(router, FenceToken("sync", 0, heir), heirs, ledger.quarantine, run,
+                       changes())
+        finally:
+            heirs.close()
+    finally:
+        stalling.go.set()
+        thread.join(120)
+        readers.close()
+    keys = {(r["legacy_table"], r["legacy_key"]) for r in ledger.quarantine.rows(run["run_id"])}
+    assert ("users", str(user)) not in keys, "the zombie's verdict is in the quarantine"
+    assert failed and isinstance(failed[0], FencedError), failed
+    assert exact(legacy_server, Settings.from_env(live), Path(live["FARM_SHARDMAP"]),
+                 run["run_id"]) == []

@@ -83,7 +83,9 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
     deadline = time.monotonic() + timeout
     while True:
         state = rt.ledger.sync_state.read() or {}
-        if state.get("gtid") and binlog.behind(state["gtid"], final) == 0 \
+        gtid = state.get("gtid") and binlog.stored(
+            state["gtid"], "the control database's sync_state.gtid")
+        if gtid and binlog.behind(gtid, final) == 0 \
                 and runwatch.activity(rt.ledger).blocker(state.get("run_id")) is None:
             break  # applied up to the end, following the latest migration, which has ended
         if time.monotonic() > deadline:

@@ -25,10 +25,12 @@ from collections import defaultdict
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
-from shardfarm.errors import RetryableError, UsageError
+from shardfarm.errors import RetryableError, StaleStateError, UsageError
 from sharding import fencing, ids
 from sharding.hotspot import (
+    DIRECTORY,
     FOLLOWERS,
+    STATES,
     Directory,
     Entry,
     choose_shards,
@@ -81,6 +83,11 @@ def rebalance_board(ctx: ChunkContext, board: int, spread: int) -> Outcome:
     entry = directory.get(board) or directory.plan(board, choose_shards(ctx.router, board,
                                                                          spread))
     state, moved = entry.state, 0
+    if state not in STATES:  # written by anyone: no step would run, and the chunk 'succeed'
+        raise StaleStateError(
+            f"hot board {board}: its directory entry on shard {ids.shard_of(board)} is in no "
+            f"state the rebalance knows ({', '.join(STATES)}): repair its rows of {DIRECTORY} "
+            "there, then run the rebalance again; nothing was moved")
     if state == "planned":
         directory.transition(board, "planned", "copying", ctx.token)
         after_state(board, state := "copying")

@@ -36,6 +36,11 @@ class PurgedPositionError(FatalError):
     needed (retrying cannot help)."""
 
 
+class MalformedPositionError(ConfigError):
+    """A position text that is not MariaDB's ``domain-server-seq`` list (a value written
+    into the control database by hand or by anyone, never by ``farm sync``)."""
+
+
 class PartialImageError(FatalError):
     """A row image lacks a column sync decides by (written by a session with
     ``binlog_row_image=MINIMAL``): what it changed cannot be known from the log."""
@@ -95,12 +100,34 @@ def current_position(reader: LegacyReader) -> str:
 
 
 def parse(position: str) -> dict[int, tuple[int, int]]:
-    """``{domain: (server, seq)}`` of a position text."""
+    """``{domain: (server, seq)}`` of a position text; ``MalformedPositionError`` for any
+    other text (or a value that is no text)."""
+    if not isinstance(position, str):
+        raise MalformedPositionError(f"binlog position {str(position)[:64]!r} is not a text "
+                                     "(domain-server-seq, comma separated)")
     out = {}
     for part in filter(None, (p.strip() for p in position.split(","))):
-        domain, server, seq = (int(x) for x in part.split("-"))
+        try:
+            domain, server, seq = (int(x) for x in part.split("-"))
+        except ValueError:
+            raise MalformedPositionError(
+                f"binlog position {position[:64]!r} is malformed (expected "
+                "domain-server-seq, comma separated)") from None
         out[domain] = (server, seq)
     return out
+
+
+def stored(position: str, where: str) -> str:
+    """``position``, read from ``where`` (a column of the control database), once it is a
+    binlog position; else a ``MalformedPositionError`` naming it and how to recover."""
+    try:
+        parse(position)
+    except MalformedPositionError:
+        raise MalformedPositionError(
+            f"{where} holds {str(position)[:64]!r}, not a binlog position (domain-server-seq, "
+            "comma separated; farm sync never writes that): set it to NULL, run 'farm "
+            "migrate --wait' again, then 'farm sync'") from None
+    return position
 
 
 def render(pos: dict[int, tuple[int, int]]) -> str:

@@ -38,6 +38,10 @@ CHANGE, MARK, ERROR = 0, 1, 2
 # what ``farm sync`` decides by, of each legacy table's changes: its key and judged columns
 JUDGED = {table: spec.judge_columns for table, spec in SPEC.items()}
 SEND_ITEMS = 2000  # changes per message inside a large transaction
+# The reader sends at least the server's heartbeat every second (``stream``): this long
+# without a message is a stalled stream (a server or network that stopped answering
+# without closing the connection), not a quiet one; sync would otherwise wait for ever.
+SILENCE_SECONDS = 60.0
 
 
 class Batch(Protocol):
@@ -56,6 +60,7 @@ class Feed:
     would stop at a few hundred changes). Bounded: ``limit`` messages at most."""
 
     def __init__(self, dsn: DSN, start: str, limit: int = 20_000) -> None:
+        self._where = f"{dsn.host}:{dsn.port}"
         ctx = multiprocessing.get_context("spawn")  # no copy of this process's threads
         recv, send = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_read, args=(dsn, start, send), daemon=True,
@@ -87,13 +92,20 @@ class Feed:
 
     def _next(self) -> list:
         while not self._items:
-            self._items.extend(self._messages.get())
+            try:
+                self._items.extend(self._messages.get(timeout=SILENCE_SECONDS))
+            except queue.Empty:
+                raise TransientDatabaseError(
+                    f"the binlog stream of the legacy server {self._where} sent nothing, not "
+                    f"even its heartbeat, for {SILENCE_SECONDS:.0f} s (a stalled server or "
+                    "network): run farm sync again") from None
         return self._items.popleft()
 
     def take(self, batch: Batch, most: int) -> Mark:
         """Add to ``batch`` the row changes of whole transactions until the end of one finds
         nothing more read ahead, or ``batch`` holds ``most`` keys, or the server is idle;
-        returns that transaction's end (or the idle mark). Blocks for the first."""
+        returns that transaction's end (or the idle mark). Blocks for the first, at most
+        ``SILENCE_SECONDS`` without a message (then ``TransientDatabaseError``)."""
         while True:
             kind, *rest = self._next()
             if kind == CHANGE:

@@ -105,6 +105,7 @@ class Follower:
         if run["params"].get("binlog_pos") is None:
             raise ConfigError(f"migrate run {run_id} recorded no binlog position (the legacy "
                               "server had no binary log then): run 'farm migrate' again")
+        binlog.stored(run["params"]["binlog_pos"], f"migrate run {run_id}'s binlog_pos")
         if act.busy is not None:
             return None
         if run["status"] == "failed":
@@ -120,6 +121,9 @@ class Follower:
         an apply began that a leader never recorded (it died or lost its lease inside it)
         if that is earlier: the apply may have overlapped this run's chunks."""
         state = self.ledger.sync_state.read()
+        for col in ("gtid", "applying_from", "applying_to"):  # anyone may write them
+            if state.get(col) is not None:
+                binlog.stored(state[col], f"the control database's sync_state.{col}")
         gtid, own, began = state.get("gtid"), run["params"]["binlog_pos"], state.get(
             "applying_from")
         if gtid is not None and state.get("run_id") == run["run_id"]:
@@ -243,10 +247,20 @@ def status(ledger: Ledger, reader: LegacyReader | None) -> dict:
            "checkpointed_at": str(state["checkpointed_at"] or "")}
     if reader is not None:
         server = binlog.current_position(reader)
-        lag = binlog.behind(state["gtid"] or "", server)
+        try:
+            lag = binlog.behind(state["gtid"] or "", server)
+        except binlog.MalformedPositionError:  # written by anyone: shown, lag unknown
+            return out | {"server_position": server} | _waiting_and_quarantine(ledger, state)
         out.update({"server_position": server, "lag_events": lag,
                     "lag_seconds": 0 if lag == 0 or not state["event_time"]
                     else max(0, int(time.time()) - int(state["event_time"]))})
+    return out | _waiting_and_quarantine(ledger, state)
+
+
+def _waiting_and_quarantine(ledger: Ledger, state: dict) -> dict:
+    """``waiting_for`` (if sync waits for a migrate run) and the followed run's quarantine
+    by reason, of ``status``."""
+    out: dict = {}
     waiting = runwatch.waiting_for(ledger, state["run_id"])
     if waiting:
         out["waiting_for"] = waiting

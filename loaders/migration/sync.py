@@ -199,7 +199,8 @@ def apply(router: Router, token: FenceToken | None, readers: Readers, quarantine
 
     def one(table: str, sel: Selection, keys: list[str], prefix: bool) -> None:
         def record(bad: list) -> None:
-            quarantine.replace(run["run_id"], table, keys, bad, prefix)
+            quarantine.replace(run["run_id"], table, keys, bad, prefix,
+                               fence=token.fence if token else None)
         with readers.one() as reader:
             st = ProcessState(reader, cache, Verdicts())
             load_selection(router, table_token(token, table), st, run["params"], table, sel,
