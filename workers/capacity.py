@@ -16,6 +16,7 @@ from jobs import runs
 from jobs.runtime import Runtime
 from loaders.capacity import copy as capcopy
 from loaders.capacity import move as capmove
+from loaders.capacity.movelock import moving
 from shardfarm.errors import FatalError
 from sharding.schema import shard_db
 from workers.launch import Notice, _silent, warn_without_workers
@@ -88,8 +89,16 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
          rows_per_range: int = capmove.ROWS_PER_RANGE, follow: Follow | None = None,
          max_lag: float | None = None, notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
     """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan.
+    Refused at once (``MoveInProgressError``) while another move holds one of the shards.
 
     ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
+    with moving(rt.ledger.pool, lo, hi):
+        return _move(rt, lo, hi, master, slave, rows_per_range, follow, max_lag, notice)
+
+
+def _move(rt: Runtime, lo: int, hi: int, master: str, slave: str, rows_per_range: int,
+          follow: Follow | None, max_lag: float | None, notice: Notice
+          ) -> tuple[dict, capmove.MovePlan]:
     clock = [time.monotonic()]
     phases: dict[str, float] = {}
 
@@ -131,8 +140,10 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
 
 def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float,
                  notice: Notice = _silent) -> list[str]:
-    """After ``grace`` seconds (readers of the old map finish), drop the source copies."""
+    """After ``grace`` seconds (readers of the old map finish), drop the source copies
+    (holding the shards' move locks, as ``move`` does)."""
     if grace > 0:
         notice(f"dropping the source copies in {grace:g} s")
         time.sleep(grace)
-    return capmove.drop_sources(rt.router, p)
+    with moving(rt.ledger.pool, p.lo, p.hi):
+        return capmove.drop_sources(rt.router, p)
