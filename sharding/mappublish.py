@@ -128,3 +128,11 @@ def amend(spec: str, change: Callable[[dict], None], timeout: float = 10.0) -> S
         new = ShardMap.from_dict(new_doc)
         store.write(json.dumps(new_doc, indent=2) + "\n", stamp)
     return new
+
+
+def in_force(spec: str, timeout: float = 10.0) -> ShardMap | None:
+    """The map at ``spec`` as its store holds it now (``None`` if there is none), read past
+    every cache: what a caller whose write raised checks to learn whether it landed."""
+    with _store(spec, timeout) as store:
+        current, _ = store.load()
+    return None if current is None else ShardMap.from_json(current, spec)

@@ -141,11 +141,26 @@ def _migrate_chunk(router, env: dict, run_id: str, chunk_id: int) -> None:
         ledger.close()
 
 
-def _move(router, env: dict, lo: int, hi: int, to: str) -> None:
+def _lose_map_replies() -> None:
+    """Every shard map write lands, then fails as if its answer was lost on the way back
+    (a ZooKeeper connection dropped after the server applied the set)."""
+    from shardfarm.errors import ConfigError
+    from sharding.mappublish import FileStore
+    write = FileStore.write
+
+    def landed_then_lost(self, text: str, stamp: int) -> None:
+        write(self, text, stamp)
+        raise ConfigError("ZooKeeper could not write the map: ConnectionLoss (is it up?)")
+    FileStore.write = landed_then_lost
+
+
+def _move(router, env: dict, lo: int, hi: int, to: str, lose_map_reply: bool = False) -> None:
     """``farm shards move LO-HI --to MASTER/SLAVE`` (its own runtime; workers do the copy)."""
     from jobs.runtime import Runtime
     from shardfarm.settings import Settings
     from workers import capacity
+    if lose_map_reply:
+        _lose_map_replies()
     master, slave = to.split("/")
     rt = Runtime(Settings.from_env(env))
     try:

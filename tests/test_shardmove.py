@@ -260,3 +260,23 @@ def test_a_second_move_of_the_same_shards_is_refused_while_one_runs(moved_map, r
     assert json.loads(out.stdout.splitlines()[-1])["already_flipped"]
     assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     assert "Traceback" not in log
+
+
+def test_a_flip_whose_answer_is_lost_is_recorded_by_the_sources(moved_map, repl_pair, env):
+    """The map write lands but raises (its answer lost on the way back): the move looks at
+    the map in force, finds its flip there, and has the sources record it. Thawing them
+    without it let a writer still routing with the old map write to the old home, where
+    nobody reads any more."""
+    from tests import faults
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[6], SHARDS[7]
+    args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS",
+            "lose_map_reply": True}
+    workers = start_workers(e, 2)
+    try:
+        faults.steps("move", args)  # runs it once, untouched but for the lost answer: exit 0
+    finally:
+        log = stop(workers)
+    assert _current_map(moved_map).version == 2
+    assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
+    assert "Traceback" not in log
