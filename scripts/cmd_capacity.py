@@ -102,6 +102,11 @@ def promote_cmd(app: App, host: str, accept_loss: bool, wait_seconds: float) -> 
     """Make the slave HOST the master of its dead master's ranges (map version + 1)."""
     done = promote(app.router, app.settings.shardmap_spec, host, accept_loss, wait_seconds,
                    app.settings.connect_timeout)
+    if done.already:
+        note(f"{host} was already promoted in map version {done.version}; it is master and "
+             "writable, nothing else to do")
+        emit({"promoted": done.host, "already_promoted": True, "version": done.version})
+        return
     if done.lost:
         note(f"{host} was promoted without everything {done.old_master} sent (--accept-loss)")
     note(f"{done.old_master} is marked gone; provision a new slave of {host} (a copy of it "

@@ -17,12 +17,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from shardfarm.errors import ShardMapError, StaleStateError, UsageError
+from shardfarm.errors import ConfigError, ShardMapError, StaleStateError, UsageError
 from sharding.shardmap import ShardMap
 
 
+def _os_error(what: str, path: Path, exc: OSError) -> ConfigError:
+    """A file-system failure on the map as one line (no traceback)."""
+    return ConfigError(f"cannot {what} the shard map {path}: "
+                       f"{exc.strerror or type(exc).__name__}; nothing written")
+
+
 class FileStore:
-    """A map file: read under an exclusive lock (``locked``), replaced atomically."""
+    """A map file: read under an exclusive lock (``locked``), replaced atomically; a file
+    system that refuses (permissions, a full or read-only disk) is a ``ConfigError``."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -30,7 +37,11 @@ class FileStore:
     @contextmanager
     def locked(self) -> Iterator[FileStore]:
         """Hold ``PATH.lock`` so a read-check-write of two publishers cannot interleave."""
-        with open(f"{self.path}.lock", "a") as lock:
+        try:
+            lock = open(f"{self.path}.lock", "a")  # noqa: SIM115 - held for the block
+        except OSError as exc:
+            raise _os_error("lock", self.path, exc) from None
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield self
 
@@ -40,6 +51,9 @@ class FileStore:
             return self.path.read_text(encoding="utf-8"), self.path.stat().st_ino
         except FileNotFoundError:
             return None, -1
+        except (OSError, UnicodeDecodeError) as exc:
+            raise _os_error("read", self.path, exc if isinstance(exc, OSError)
+                            else OSError(0, "not UTF-8 text")) from None
 
     def write(self, text: str, stamp: int) -> None:
         """Replace the file atomically if it is still the one read (``StaleStateError``)."""
@@ -48,8 +62,13 @@ class FileStore:
             raise StaleStateError(f"shard map {self.path} was replaced meanwhile; nothing "
                                   "written (look again and retry)")
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if tmp.is_file():
+                tmp.unlink()
+            raise _os_error("write", self.path, exc) from None
 
     def close(self) -> None:
         """Nothing to release."""
@@ -101,11 +120,19 @@ def amend(spec: str, change: Callable[[dict], None], timeout: float = 10.0) -> S
         current, stamp = store.load()
         if current is None:
             raise ShardMapError(f"no shard map at {spec} to change")
+        ShardMap.from_json(current, spec)  # a map in force that is not valid: one line
         doc = json.loads(current)
-        ShardMap.from_dict(doc)
         new_doc = copy.deepcopy(doc)
         change(new_doc)
         new_doc["version"] = doc["version"] + 1
         new = ShardMap.from_dict(new_doc)
         store.write(json.dumps(new_doc, indent=2) + "\n", stamp)
     return new
+
+
+def in_force(spec: str, timeout: float = 10.0) -> ShardMap | None:
+    """The map at ``spec`` as its store holds it now (``None`` if there is none), read past
+    every cache: what a caller whose write raised checks to learn whether it landed."""
+    with _store(spec, timeout) as store:
+        current, _ = store.load()
+    return None if current is None else ShardMap.from_json(current, spec)

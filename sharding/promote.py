@@ -9,15 +9,25 @@ missing transactions. Then replication is stopped and reset on the slave, it is
 made writable, and the next map version names it master of every range its old
 master held with it, lists the old master under ``gone``, and keeps the promoted
 host as its own slave until a new one is provisioned.
+
+Every step is safe to run twice, so a promote that stopped anywhere is finished by
+running it again: the catch-up check passes again (``gtid_slave_pos`` outlives ``RESET
+SLAVE ALL``; a live old master stays read-only), stopping and resetting replication
+that is already reset changes nothing, and a map that already shows the promotion (the
+write landed, its answer did not) is recognised and not written again. The map change
+is a compare-and-set on the ranges the promote checked: a map in force that no longer
+has the host as the slave of its old master there is not changed. A failure after the
+slave was made writable says so in one line, and to run the command again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pymysql.cursors
 
-from shardfarm.errors import FarmError, StaleStateError, UsageError
+from shardfarm.errors import FarmError, FatalError, StaleStateError, UsageError
 from shardfarm.mysql.dsn import Host
 from sharding.mappublish import amend
 from sharding.router import Router
@@ -29,11 +39,20 @@ class Promoted:
     """What ``promote`` did."""
 
     host: str
-    old_master: str
+    old_master: str | None  # None when an earlier run had already changed the map
     version: int
     applied: str
     received: str
     lost: bool
+    already: bool = False  # the map already showed the promotion: nothing was written
+
+
+class PromoteIncompleteError(FatalError):
+    """The promote stopped after it changed the slave: running it again finishes it."""
+
+
+class _MapMovedError(StaleStateError):
+    """The map in force no longer has the host as the slave of its old master."""
 
 
 def _positions(pos: str) -> dict[int, int]:
@@ -50,6 +69,25 @@ def missing(applied: str, wanted: str) -> list[str]:
     have = _positions(applied)
     return [f"domain {d}: {have.get(d, 0)} < {seq}" for d, seq in _positions(wanted).items()
             if have.get(d, 0) < seq]
+
+
+def _pairs(doc: dict) -> list[dict]:
+    """Every range entry of a map document: shard ranges, then mod ranges."""
+    return [*doc["shards"], *doc["mod"]["ranges"]]
+
+
+def _held(doc: dict, old: str, host: str) -> list[list[list[int]]]:
+    """The shard ranges and the mod ranges ``old`` is master of with ``host`` as its slave."""
+    return [sorted(list(e["range"]) for e in entries if (e["master"], e["slave"]) == (old, host))
+            for entries in (doc["shards"], doc["mod"]["ranges"])]
+
+
+def promoted_already(m: ShardMap, host: str) -> bool:
+    """Whether the map shows ``host`` promoted: master of ranges it is also the slave of
+    (what promote writes, until a new slave is published), slave of no other master."""
+    entries = [*m.shard_ranges, *m.mod_ranges]
+    return (any(r.master == host == r.slave for r in entries)
+            and not any(r.slave == host != r.master for r in entries))
 
 
 def old_master_of(m: ShardMap, host: str) -> str:
@@ -101,21 +139,20 @@ def _catch_up(router: Router, slave: Host, wait: float) -> tuple[str, str]:
 
 
 def _make_master(router: Router, slave: Host) -> None:
+    """Stop and forget replication, then take writes (each statement harmless twice)."""
     with router.connection(slave) as conn, conn.cursor() as cur:
         cur.execute("STOP SLAVE")
         cur.execute("RESET SLAVE ALL")
         cur.execute("SET GLOBAL read_only = 0")
 
 
-def promote(router: Router, spec: str, host: str, accept_loss: bool = False,
-            wait: float = 10.0, timeout: float = 10.0) -> Promoted:
-    """Promote ``host`` to master of its master's ranges (see the module's docstring)."""
-    m = router.shardmap
-    old = old_master_of(m, host)
-    slave = m.hosts[host]
+def _checked(router: Router, m: ShardMap, host: str, old: str, accept_loss: bool,
+             wait: float) -> tuple[str, str, bool]:
+    """The catch-up check: ``(applied, received, behind)``; a refusal (``StaleStateError``)
+    gives a live old master its writes back."""
     master_pos, was_writable = _master_pos(router, m.hosts[old])
     try:
-        applied, received = _catch_up(router, slave, wait)
+        applied, received = _catch_up(router, m.hosts[host], wait)
         behind = missing(applied, received) + missing(applied, master_pos or "")
         if behind and not accept_loss:
             raise StaleStateError(f"{host} is behind its master {old} ({'; '.join(behind)}): "
@@ -125,13 +162,58 @@ def promote(router: Router, spec: str, host: str, accept_loss: bool = False,
         if was_writable:
             _writable_again(router, m.hosts[old])
         raise
-    _make_master(router, slave)
+    return applied, received or master_pos or "", bool(behind)
+
+
+def _map_change(m: ShardMap, old: str, host: str) -> Callable[[dict], None]:
+    """The map change, a compare-and-set on the ranges ``old`` held with ``host`` in ``m``."""
+    expected = [sorted([r.lo, r.hi] for r in ranges if (r.master, r.slave) == (old, host))
+                for ranges in (m.shard_ranges, m.mod_ranges)]
 
     def change(doc: dict) -> None:
-        for entry in [*doc["shards"], *doc["mod"]["ranges"]]:
+        if _held(doc, old, host) != expected:
+            raise _MapMovedError(f"the shard map changed meanwhile (version {doc['version']} "
+                                  f"no longer has {host} as the slave of {old} where it "
+                                  "was checked); the map was not changed: look at 'farm shards "
+                                  "show' and publish the map you want")
+        for entry in _pairs(doc):
             if entry["master"] == old and entry["slave"] == host:
                 entry["master"] = host
         doc["gone"] = sorted({*doc.get("gone", []), old} - {host})
-    new = amend(spec, change, timeout)
-    return Promoted(host, old, new.version, applied, received or master_pos or "",
-                    bool(behind))
+    return change
+
+
+def _incomplete(host: str, accept_loss: bool, step: str, exc: FarmError
+                ) -> PromoteIncompleteError:
+    """One line: what the promote left half done, and what to do now."""
+    again = f"farm shards promote {host}{' --accept-loss' if accept_loss else ''}"
+    reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    if step == "make":
+        return PromoteIncompleteError(f"promote of {host} stopped while making it master "
+                                      f"({reason}); run '{again}' again to finish")
+    if isinstance(exc, _MapMovedError):
+        return PromoteIncompleteError(f"{host} was made a writable master (replication reset), "
+                                      f"but {reason}")
+    return PromoteIncompleteError(f"{host} was made a writable master (replication reset), but "
+                                  f"the shard map may still name its old master ({reason}); "
+                                  f"run '{again}' again to finish")
+
+
+def promote(router: Router, spec: str, host: str, accept_loss: bool = False,
+            wait: float = 10.0, timeout: float = 10.0) -> Promoted:
+    """Promote ``host`` to master of its master's ranges (see the module's docstring)."""
+    m = router.shardmap
+    if host in m.hosts and promoted_already(m, host):
+        _make_master(router, m.hosts[host])  # a no-op unless a run stopped before the map
+        return Promoted(host, None, m.version, "", "", False, already=True)
+    old = old_master_of(m, host)
+    applied, received, lost = _checked(router, m, host, old, accept_loss, wait)
+    try:
+        _make_master(router, m.hosts[host])
+    except FarmError as exc:
+        raise _incomplete(host, accept_loss, "make", exc) from None
+    try:
+        new = amend(spec, _map_change(m, old, host), timeout)
+    except FarmError as exc:
+        raise _incomplete(host, accept_loss, "map", exc) from None
+    return Promoted(host, old, new.version, applied, received, lost)

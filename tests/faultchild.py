@@ -141,11 +141,26 @@ def _migrate_chunk(router, env: dict, run_id: str, chunk_id: int) -> None:
         ledger.close()
 
 
-def _move(router, env: dict, lo: int, hi: int, to: str) -> None:
+def _lose_map_replies() -> None:
+    """Every shard map write lands, then fails as if its answer was lost on the way back
+    (a ZooKeeper connection dropped after the server applied the set)."""
+    from shardfarm.errors import ConfigError
+    from sharding.mappublish import FileStore
+    write = FileStore.write
+
+    def landed_then_lost(self, text: str, stamp: int) -> None:
+        write(self, text, stamp)
+        raise ConfigError("ZooKeeper could not write the map: ConnectionLoss (is it up?)")
+    FileStore.write = landed_then_lost
+
+
+def _move(router, env: dict, lo: int, hi: int, to: str, lose_map_reply: bool = False) -> None:
     """``farm shards move LO-HI --to MASTER/SLAVE`` (its own runtime; workers do the copy)."""
     from jobs.runtime import Runtime
     from shardfarm.settings import Settings
     from workers import capacity
+    if lose_map_reply:
+        _lose_map_replies()
     master, slave = to.split("/")
     rt = Runtime(Settings.from_env(env))
     try:
@@ -154,23 +169,34 @@ def _move(router, env: dict, lo: int, hi: int, to: str) -> None:
         rt.close()
 
 
+def _farm(router, env: dict, argv: list[str]) -> int:
+    """The ``farm`` command with ``argv`` in this process; its exit status."""
+    from scripts.cli import main as farm
+    os.environ.update(env)
+    try:
+        farm(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
 SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse,
                                   "sync": _sync, "export": _export, "move": _move,
-                                  "migrate_chunk": _migrate_chunk}
+                                  "migrate_chunk": _migrate_chunk, "farm": _farm}
 
 
 def main(argv: list[str]) -> int:
-    """Run ``SCENARIO`` with the keyword arguments of ``ARGS_JSON`` (plus ``shardmap``)."""
+    """Run ``SCENARIO`` with the keyword arguments of ``ARGS_JSON`` (plus ``shardmap``); its
+    exit status (0 unless the scenario returns another)."""
     from sharding.mapsource import ShardMapSource
     from sharding.router import Router
     name, args = argv[0], json.loads(argv[1])
     router = Router(ShardMapSource(Path(args.pop("shardmap"))))
     install()
     try:
-        SCENARIOS[name](router, **args)
+        return SCENARIOS[name](router, **args) or 0
     finally:
         router.close()
-    return 0
 
 
 if __name__ == "__main__":

@@ -78,9 +78,9 @@ def _stopped(pid: int) -> bool:
 
 
 @contextmanager
-def frozen(scenario: str, args: dict, step: int) -> Iterator[subprocess.Popen]:
+def frozen(scenario: str, args: dict, step: int, rc: int = 0) -> Iterator[subprocess.Popen]:
     """The scenario's process stopped just before ``step``; continued (and checked to
-    finish cleanly) when the block ends."""
+    finish with exit status ``rc``) when the block ends, its stderr then in ``.err``."""
     proc = _start(scenario, args, step, "freeze", None)
     try:
         wait_until(lambda: _stopped(proc.pid) or proc.poll() is not None,
@@ -90,8 +90,8 @@ def frozen(scenario: str, args: dict, step: int) -> Iterator[subprocess.Popen]:
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGCONT)
-    rc, err = _finish(proc)
-    assert rc == 0, err
+    status, proc.err = _finish(proc)
+    assert status == rc, proc.err
 
 
 def blocked(router, shard: int, table: str, ms: float = 200) -> int:  # a sharding Router

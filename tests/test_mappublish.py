@@ -50,3 +50,21 @@ def test_a_file_replaced_between_read_and_write_is_refused(tmp_path):
 def test_the_built_in_map_cannot_be_published():
     with pytest.raises(UsageError, match="FARM_SHARDMAP is not set"):
         publish("", json.dumps(_doc(2)))
+
+
+def test_a_map_file_that_cannot_be_written_or_read_is_one_line(tmp_path, monkeypatch):
+    """The file system refuses the new version (here its temporary file's name is taken by
+    a directory, as a full or read-only disk would refuse it): a ``ConfigError`` line, the
+    map in force untouched; a map in force that is not JSON is refused likewise."""
+    import os
+
+    from shardfarm.errors import ConfigError
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(_doc(1)))
+    (tmp_path / f".map.json.{os.getpid()}.tmp").mkdir()
+    with pytest.raises(ConfigError, match=r"cannot write the shard map .*nothing written"):
+        amend(str(path), lambda d: d["open"].clear())
+    assert ShardMap.load(path).version == 1
+    path.write_text("{not json")
+    with pytest.raises(ShardMapError, match="malformed JSON"):
+        amend(str(path), lambda d: d["open"].clear())

@@ -92,3 +92,146 @@ def test_a_refused_promotion_leaves_a_live_master_writable(doomed_pair, server_b
     assert out.returncode == 1 and "PairS is behind its master PairM" in out.stderr, out.stderr
     assert pair.master.sql("SELECT @@read_only")[0][0] == 0
     assert json.loads(path.read_text())["version"] == 1
+
+
+def _seeded(pair, path) -> tuple[Router, ObjectStore, list[int]]:
+    """Shards of RANGE on the pair's master with rows in them, applied by the slave."""
+    router = Router(ShardMapSource(path, interval=0))
+    store = ObjectStore(router)
+    for s in range(RANGE[0], RANGE[1] + 1):
+        create_shard(router, router.shardmap.master(s), s)
+    written = [store.create(RANGE[i % 2], "user", {"n": i}) for i in range(10)]
+    pair.wait_caught_up()
+    return router, store, written
+
+
+def _promote_frozen_before_writable(env: dict, path, rc: int, meanwhile) -> str:
+    """``farm shards promote PairS`` in a child stopped just before the slave takes writes
+    (its replication already stopped and reset), ``meanwhile()`` run there; its stderr."""
+    from tests import faults
+    os_env = {"FARM_FAULT_MATCH": "read_only = 0"}  # the slave's SET GLOBAL read_only = 0
+    args = {"shardmap": str(path), "env": env, "argv": ["shards", "promote", "PairS"]}
+    with _environ(os_env), faults.frozen("farm", args, 1, rc=rc) as proc:
+        meanwhile()
+    return proc.err
+
+
+class _environ:
+    """Set environment variables for the block (a child started inside inherits them)."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values, self.saved = values, {}
+
+    def __enter__(self) -> None:
+        import os
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        os.environ.update(self.values)
+
+    def __exit__(self, *exc) -> None:
+        import os
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.mark.slow
+def test_a_promote_whose_map_write_fails_says_so_and_finishes_when_run_again(
+        doomed_pair, server_b, farm_env, tmp_path):
+    """The slave is made writable, then the map cannot be reached: one line says the slave
+    is writable, the map may not name it, run the same command again; that run (and any
+    later one) finishes the map change without touching the data."""
+    pair = doomed_pair
+    path, env = _pair_map(pair, server_b, farm_env, tmp_path)
+    router, store, written = _seeded(pair, path)
+    pair.master.kill()
+    hidden = tmp_path / "map.hidden"
+    err = _promote_frozen_before_writable(env, path, 1, lambda: path.rename(hidden))
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "PairS was made a writable master (replication reset)" in lines[0], err
+    assert "run 'farm shards promote PairS' again to finish" in lines[0], err
+    assert pair.slave.sql("SELECT @@read_only")[0][0] == 0 and slave_status(pair.slave) == {}
+    hidden.rename(path)  # the map is back, still naming the old master
+    assert json.loads(path.read_text())["version"] == 1
+
+    out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.splitlines()[-1])
+    assert summary["version"] == 2 and summary["old_master"] == "PairM", summary
+    m = router.shardmap
+    assert m.master(RANGE[0]).name == "PairS" and m.gone == {"PairM"}
+    assert store.get_many(written).missing == []
+    assert store.get_many([store.create(RANGE[0], "user", {"n": 99})]).missing == []
+
+    out = run_farm(env, "shards", "promote", "PairS")  # once more: nothing left to do
+    assert out.returncode == 0, out.stderr
+    again = json.loads(out.stdout.splitlines()[-1])
+    assert again == {"promoted": "PairS", "already_promoted": True, "version": 2}, again
+    assert json.loads(path.read_text())["version"] == 2
+    router.close()
+
+
+@pytest.mark.slow
+def test_a_promote_refuses_a_map_that_no_longer_has_the_host_as_that_slave(
+        doomed_pair, server_b, farm_env, tmp_path):
+    """Another operator publishes a map giving the range a new slave while the promote runs
+    (a stale actor): the promote writes no map naming a master it did not check, and does
+    not mark the still-serving master gone; it says what it left behind."""
+    pair = doomed_pair
+    path, env = _pair_map(pair, server_b, farm_env, tmp_path)
+    router, _, _ = _seeded(pair, path)
+    pair.master.kill()
+
+    def republish() -> None:
+        doc = json.loads(path.read_text())
+        doc["version"] = 2
+        for entry in doc["shards"]:
+            if entry["range"] == list(RANGE):
+                entry["slave"] = "TestB2"
+        out = run_farm(env, "shards", "publish", "-", input=json.dumps(doc))
+        assert out.returncode == 0, out.stderr
+    err = _promote_frozen_before_writable(env, path, 1, republish)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "the shard map changed meanwhile (version 2 " in lines[0], err
+    assert "PairS was made a writable master" in lines[0], err
+    doc = json.loads(path.read_text())
+    assert doc["version"] == 2 and "gone" not in doc, doc
+    router.close()
+
+
+@pytest.mark.slow
+def test_a_promote_killed_before_any_of_its_statements_finishes_when_run_again(
+        doomed_pair, server_b, farm_env, tmp_path):
+    """SIGKILL ``farm shards promote`` just before each MySQL statement it sends, in turn
+    (the old master still answers); running the same command again always ends with the
+    slave writable and replicating nothing, the old master read-only, and the map naming
+    the slave, with every row there."""
+    from tests import faults
+    from tests.servers import ReplicationPair
+    pair = doomed_pair
+    path, env = _pair_map(pair, server_b, farm_env, tmp_path)
+    router, store, written = _seeded(pair, path)
+    original = path.read_text()
+    args = {"shardmap": str(path), "env": env, "argv": ["shards", "promote", "PairS"]}
+
+    def reset() -> None:
+        path.write_text(original)
+        pair.master.sql("SET GLOBAL read_only = 0")
+        ReplicationPair.replicate(pair.slave, pair.master)
+        pair.slave.sql("SET GLOBAL read_only = 1")
+    reset()
+    steps = faults.steps("farm", args)
+    assert any("RESET SLAVE ALL" in s for s in steps), steps
+    for n in range(1, len(steps) + 1):
+        reset()
+        assert faults.run_killed("farm", args, n) == -9, n
+        out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
+        assert out.returncode == 0, (n, steps[n - 1], out.stderr)
+        m = ShardMapSource(path, interval=0).current()
+        assert m.version == 2 and m.master(RANGE[0]).name == "PairS", (n, steps[n - 1])
+        assert pair.slave.sql("SELECT @@read_only")[0][0] == 0 and slave_status(pair.slave) == {}
+        assert pair.master.sql("SELECT @@read_only")[0][0] == 1, n
+        assert store.get_many(written).missing == [], n
+    router.close()

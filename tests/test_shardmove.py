@@ -227,3 +227,56 @@ def test_a_move_killed_between_its_flip_and_its_thaw_is_finished_when_run_again(
     assert summary["sources_recorded"] == [lo, hi] and "dropped" not in summary
     assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     assert "Traceback" not in log
+
+
+def test_a_second_move_of_the_same_shards_is_refused_while_one_runs(moved_map, repl_pair, env,
+                                                                    ledger, monkeypatch):
+    """Move A is stopped just before it freezes its first source (its copy done); the same
+    move started again meanwhile (another terminal) would catch up and copy again after A
+    flips, over the writes the new master takes by then: it is refused at once, in one
+    line, changing nothing, and A then finishes. Run after A, it finds A's flip done."""
+    from tests import faults
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[4], SHARDS[5]
+    move = ("shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS", "--rows-per-chunk", "1000")
+    workers = start_workers(e, 2)
+    try:
+        monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
+        args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS"}
+        # steps 1-2: the new copies record the next version; 3: the first source frozen
+        with faults.frozen("move", args, 3):
+            out = run_farm(e, *move, timeout=120)
+            assert out.returncode == 1, out.stderr[-2000:]
+            lines = out.stderr.strip().splitlines()
+            assert len(lines) == 1 and f"shard {lo} is being moved by another" in lines[0], lines
+            assert _current_map(moved_map).version == 1
+            assert _source_states(moved_map, (lo, hi)) == [(0, False), (0, False)]
+        monkeypatch.delenv("FARM_FAULT_MATCH")
+        assert _current_map(moved_map).version == 2
+        out = run_farm(e, *move, timeout=120)
+    finally:
+        log = stop(workers)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["already_flipped"]
+    assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
+    assert "Traceback" not in log
+
+
+def test_a_flip_whose_answer_is_lost_is_recorded_by_the_sources(moved_map, repl_pair, env):
+    """The map write lands but raises (its answer lost on the way back): the move looks at
+    the map in force, finds its flip there, and has the sources record it. Thawing them
+    without it let a writer still routing with the old map write to the old home, where
+    nobody reads any more."""
+    from tests import faults
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[6], SHARDS[7]
+    args = {"shardmap": str(moved_map), "env": e, "lo": lo, "hi": hi, "to": "PairM/PairS",
+            "lose_map_reply": True}
+    workers = start_workers(e, 2)
+    try:
+        faults.steps("move", args)  # runs it once, untouched but for the lost answer: exit 0
+    finally:
+        log = stop(workers)
+    assert _current_map(moved_map).version == 2
+    assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
+    assert "Traceback" not in log

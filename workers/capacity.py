@@ -16,6 +16,7 @@ from jobs import runs
 from jobs.runtime import Runtime
 from loaders.capacity import copy as capcopy
 from loaders.capacity import move as capmove
+from loaders.capacity.movelock import moving
 from shardfarm.errors import FatalError
 from sharding.schema import shard_db
 from workers.launch import Notice, _silent, warn_without_workers
@@ -88,8 +89,16 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
          rows_per_range: int = capmove.ROWS_PER_RANGE, follow: Follow | None = None,
          max_lag: float | None = None, notice: Notice = _silent) -> tuple[dict, capmove.MovePlan]:
     """Move shards ``lo..hi`` to ``master``/``slave``; returns the JSON summary and the plan.
+    Refused at once (``MoveInProgressError``) while another move holds one of the shards.
 
     ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
+    with moving(rt.ledger.pool, lo, hi):
+        return _move(rt, lo, hi, master, slave, rows_per_range, follow, max_lag, notice)
+
+
+def _move(rt: Runtime, lo: int, hi: int, master: str, slave: str, rows_per_range: int,
+          follow: Follow | None, max_lag: float | None, notice: Notice
+          ) -> tuple[dict, capmove.MovePlan]:
     clock = [time.monotonic()]
     phases: dict[str, float] = {}
 
@@ -116,12 +125,13 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     before, _ = capmove.catch_up(rt.router, p)
     lap("catch_up")
     capmove.freeze(rt.router, p, True)
-    flipped = None
     try:
         during, rows = capmove.catch_up(rt.router, p, strict=True)
-        flipped = capmove.flip(rt.settings.shardmap_spec, p, rt.settings.connect_timeout)
-    finally:
-        capmove.freeze(rt.router, p, False, flipped)
+    except BaseException:
+        capmove.freeze(rt.router, p, False)
+        raise
+    flipped = _flip(rt, p, notice)
+    capmove.freeze(rt.router, p, False, flipped)
     lap("frozen")
     rt.router.source.refresh()
     return {"moved": [lo, hi], "to": f"{master}/{slave}", "version": flipped, "run_id": run_id,
@@ -129,10 +139,37 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
             "frozen_seconds": phases["frozen"], "seconds": phases}, p
 
 
+def _flip(rt: Runtime, p: capmove.MovePlan, notice: Notice) -> int:
+    """Flip the map; the version the sources are to record. A flip that raised may have
+    landed (its answer lost): the map in force says; while it cannot be read, the sources
+    stay frozen, since thawing them without the flip's version would let writers that
+    still route with the old map write where the shards no longer live."""
+    spec, timeout = rt.settings.shardmap_spec, rt.settings.connect_timeout
+    try:
+        return capmove.flip(spec, p, timeout)
+    except BaseException as exc:
+        landed = capmove.flip_landed(spec, p, timeout)
+        if landed is None:
+            raise FatalError(f"the map flip of shards {p.lo}-{p.hi} may or may not have "
+                             f"landed ({_first_line(exc)}) and the map cannot be read now: "
+                             "their source copies stay frozen; run the same move again") from None
+        if not landed:
+            capmove.freeze(rt.router, p, False)
+            raise
+        notice(f"the map flip's answer was lost ({_first_line(exc)}), but it landed")
+        return p.version + 1
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+
+
 def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float,
                  notice: Notice = _silent) -> list[str]:
-    """After ``grace`` seconds (readers of the old map finish), drop the source copies."""
+    """After ``grace`` seconds (readers of the old map finish), drop the source copies
+    (holding the shards' move locks, as ``move`` does)."""
     if grace > 0:
         notice(f"dropping the source copies in {grace:g} s")
         time.sleep(grace)
-    return capmove.drop_sources(rt.router, p)
+    with moving(rt.ledger.pool, p.lo, p.hi):
+        return capmove.drop_sources(rt.router, p)

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 from farmcore.ledger import ChunkSpec
 from loaders.capacity.copy import COLUMNS, copy_range, digest, ranges
-from shardfarm.errors import FatalError, StaleStateError, UsageError
+from shardfarm.errors import FarmError, FatalError, StaleStateError, UsageError
 from shardfarm.mysql.dsn import Host
 from sharding import fencing
 from sharding.growth import check_reachable, host_of
-from sharding.mappublish import amend
+from sharding.mappublish import amend, in_force
 from sharding.provision import create_shard
 from sharding.router import Router
 from sharding.schema import shard_db
@@ -197,6 +197,18 @@ def flip(spec: str, p: MovePlan, timeout: float = 10.0) -> int:
                 out.append({**entry, "range": [p.hi + 1, b]})
         doc["shards"] = out
     return amend(spec, change, timeout).version
+
+
+def flip_landed(spec: str, p: MovePlan, timeout: float = 10.0) -> bool | None:
+    """After a flip that raised (a reply lost after the write, a timeout): whether the map
+    in force has the move's shards on the new pair from its next version on; ``None``
+    when the map cannot be read either."""
+    try:
+        m = in_force(spec, timeout)
+        return (m is not None and m.version > p.version
+                and all(m.master(s).name == p.master for s in range(p.lo, p.hi + 1)))
+    except FarmError:
+        return None
 
 
 def drop_sources(router: Router, p: MovePlan) -> list[str]:
