@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shlex
 import socket
 
 import click
+import redis
 
 from jobs.policy import JobPolicy
+from jobs.status import read_supervisors
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, CommaList, emit, farm_options
+from scripts.render import note
 from shardfarm.errors import FarmError
 from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
 
@@ -58,8 +62,23 @@ def scale(app: App, count: int | None, host: str | None, clear: bool) -> None:
     """Set the desired worker count per supervisor; they converge within seconds."""
     if (count is None) == (not clear):
         raise click.UsageError("give either COUNT or --clear")
-    write_desired(app.settings.redis(), None if clear else count, host)
+    conn = app.settings.redis()
+    write_desired(conn, None if clear else count, host)
     emit({"desired": count, "host": host or "*", "from": socket.gethostname()})
+    if not clear and (missing := _unserved(conn, host)):
+        note(missing)
+
+
+def _unserved(conn: redis.Redis, host: str | None) -> str | None:
+    """What to tell an operator whose target no running supervisor takes (a host name
+    mistyped, or no supervisor started yet); ``None`` when one does."""
+    running = sorted({d["host"] for d in read_supervisors(conn)})
+    if running and (host is None or host in running):
+        return None
+    where = f" on {host[:64]!r}" if host else ""
+    clear = "farm scale --clear" + (f" --host {shlex.quote(host[:64])}" if host else "")
+    return (f"no supervisor is running{where} (running: {', '.join(running[:10]) or 'none'}); "
+            f"the target waits for one to start there ('{clear}' removes it)")
 
 
 def register(cli: click.Group) -> None:

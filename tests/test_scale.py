@@ -75,6 +75,31 @@ def test_farm_scale_refuses_a_count_past_the_bound_in_one_line(env):
     assert run_farm(env, "scale", str(MAX_WORKERS)).returncode == 0
 
 
+def test_a_target_no_running_supervisor_takes_is_said_in_one_note(settings, env, conn):
+    """A mistyped --host (or no supervisor yet) stored a target nothing served, with exit 0
+    and no word; the target is still stored (a supervisor started there later takes it)."""
+    out = run_farm(env, "scale", "3")
+    assert out.returncode == 0
+    assert out.stderr.splitlines() == [
+        "farm: note: no supervisor is running (running: none); the target waits for one to "
+        "start there ('farm scale --clear' removes it)"]
+    sup = Supervisor(settings, 1, ["farm"], host="worker-7")
+    try:
+        sup.report()  # its heartbeat, as its loop writes it
+        out = run_farm(env, "scale", "2", "--host", "worker-7")
+        assert out.returncode == 0 and out.stderr == ""
+        assert run_farm(env, "scale", "4").stderr == ""
+        out = run_farm(env, "scale", "2", "--host", "worker 8")
+        assert out.returncode == 0 and read_desired(conn, "worker 8") == 2
+        assert out.stderr.splitlines() == [
+            "farm: note: no supervisor is running on 'worker 8' (running: worker-7); the "
+            "target waits for one to start there ('farm scale --clear --host 'worker 8'' "
+            "removes it)"]
+        assert run_farm(env, "scale", "--clear", "--host", "worker 8").stderr == ""
+    finally:
+        sup.rt.close()
+
+
 @pytest.mark.slow
 def test_workers_started_on_a_garbage_scale_value_run_their_count_and_say_so_once(env, conn):
     conn.set(keys.desired_workers(None), "abc")
