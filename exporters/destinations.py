@@ -12,18 +12,13 @@ the destination's root (``users/dt=2026-11-21/part-00007.jsonl.gz``).
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import logging
-import os
-import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 from urllib.parse import unquote
 
-from shardfarm.errors import ConfigError, RetryableError
+from shardfarm.errors import ConfigError, FarmError, RetryableError
 from shardfarm.redact import redact_url
 from shardfarm.settings import export_url_problem
 
@@ -149,146 +144,24 @@ def open_destination(url: str, quick: bool = False) -> Destination:
     return S3Destination(bucket, prefix.strip("/"), quick=quick)
 
 
-# -- file:// -------------------------------------------------------------------------------
-class FileWriter(PartWriter):
-    """A hidden temp file beside the target; fsync and ``os.replace`` at commit."""
-
-    def __init__(self, target: Path, fence: Fence = _no_fence) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        self.target, self.fence = target, fence
-        self.tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
-        self.f = open(self.tmp, "wb")  # noqa: SIM115 - closed at commit or abort
-
-    def write(self, data: bytes) -> None:
-        """Append ``data`` to the temp file."""
-        self.f.write(data)
-
-    def commit(self) -> None:
-        """Publish the part, then make its name durable (fsync of the directory)."""
-        super().commit()
-        sync_dir(self.target.parent)
-
-    def prepare(self) -> None:
-        """Make the temp file's bytes durable and close it."""
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-
-    def publish(self) -> None:
-        """Check the fence, then rename the temp file over the part."""
-        self.fence()  # the last word before the rename: nothing slow may come between
-        os.replace(self.tmp, self.target)
-
-    def abort(self) -> None:
-        """Close and delete the temp file; the part is left as it was."""
-        with suppress(OSError):
-            self.f.close()
-        with suppress(FileNotFoundError):
-            self.tmp.unlink()
-
-
-def sync_dir(path: Path) -> None:
-    """fsync a directory: the names renamed into it are durable."""
-    fd = os.open(path, os.O_RDONLY)
+def checked_destination(url: str) -> Destination:
+    """The destination of ``url``, checked once as a status view looks (S3 calls wait
+    FARM_STATUS_TIMEOUT, not retried): what ``farm export`` plans with and ``farm cron``
+    checks when it starts. A destination that cannot be used is one line naming it (its
+    password hidden): a ``DestinationError`` if a later look may succeed, else a
+    ``ConfigError``."""
+    dest = open_destination(url, quick=True)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        dest.check()
+    except FarmError as exc:
+        error = DestinationError if isinstance(exc, RetryableError) else ConfigError
+        raise error(f"export destination {redact_url(url)} cannot be used: {exc}") from None
+    return dest
 
 
-class FileDestination(Destination):
-    """A directory tree (the embedded default, ``file://<cwd>/exports``)."""
-
-    def __init__(self, root: Path) -> None:
-        # one directory, one name: ``..``, ``.`` and symlinks resolved, so the folder that
-        # one run at a time may write (``PartLog.claim``, ``refuse_overlap``) is the same
-        # however the operator spells it
-        self.root = Path(os.path.realpath(root))
-        self.url = f"file://{self.root}"
-
-    def _path(self, key: str) -> Path:
-        """The path of ``key`` under the root; a key that could leave it (absolute, ``..``,
-        empty) is refused by its text, without asking the file system."""
-        parts = key.split("/")
-        if not key or key.startswith("/") or ".." in parts or "\0" in key:
-            raise ConfigError(f"export key {key!r} leaves {self.root}")
-        return self.root.joinpath(*[p for p in parts if p not in ("", ".")])
-
-    def open_part(self, key: str, fence: Fence = _no_fence) -> PartWriter:
-        """A writer of the part at ``key``, published by ``commit``."""
-        return FileWriter(self._path(key), fence)
-
-    def drop_leftovers_of(self, folder: str, names: list[str]) -> None:
-        """One scan of the folder for the temp files of ``names``."""
-        path, prefixes = self._path(folder), tuple(f".{n}.tmp-" for n in names)
-        try:
-            stale = [e.path for e in os.scandir(path) if e.name.startswith(prefixes)]
-        except FileNotFoundError:
-            return
-        for p in stale:
-            with suppress(FileNotFoundError):
-                os.unlink(p)
-
-    def sync(self, folder: str) -> None:
-        """Make the names renamed into ``folder`` durable."""
-        path = self._path(folder)
-        if path.is_dir():
-            sync_dir(path)
-
-    def drop_leftovers(self, key: str) -> None:
-        """Delete the temp files of ``key`` (a SIGKILLed writer cannot clean up). Only the
-        attempt holding a part's chunk lease writes that part, so another temp file of it
-        is a dead attempt's, or a fenced-out zombie's that fails its fence before the
-        rename anyway (and then finds nothing to delete)."""
-        target = self._path(key)
-        for stale in target.parent.glob(f".{glob.escape(target.name)}.tmp-*"):
-            with suppress(FileNotFoundError):
-                stale.unlink()
-
-    def sha256(self, key: str) -> str | None:
-        """SHA-256 hex digest of ``key``'s bytes, or ``None`` if it does not exist."""
-        try:
-            with open(self._path(key), "rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
-        except FileNotFoundError:
-            return None
-
-    def size(self, key: str) -> int | None:
-        """Bytes in ``key``, or ``None`` if it does not exist."""
-        try:
-            return self._path(key).stat().st_size
-        except FileNotFoundError:
-            return None
-
-    def read(self, key: str) -> bytes | None:
-        """The content of ``key``, or ``None`` if it does not exist."""
-        try:
-            return self._path(key).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def list(self, prefix: str) -> list[str]:
-        """Keys of every file under ``prefix``, sorted."""
-        base = self._path(prefix) if prefix else self.root
-        if not base.is_dir():
-            return []
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*") if p.is_file())
-
-    def delete(self, key: str) -> None:
-        """Delete ``key`` (nothing if it does not exist)."""
-        with suppress(FileNotFoundError):
-            self._path(key).unlink()
-
-    def check(self) -> None:
-        """Create the root directory, or one line saying why it cannot be."""
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create export directory {self.root}: "
-                              f"{exc.strerror}") from None
-
-
+from exporters.files import FileDestination, FileWriter, PathInTheWayError  # noqa: E402 - so does file://
 from exporters.s3 import S3Destination, S3Writer  # noqa: E402 - S3 builds on the above
 
 __all__ = ["Destination", "DestinationError", "FileDestination", "FileWriter", "PartWriter",
-           "S3Destination", "S3Writer", "open_destination"]
+           "PathInTheWayError", "S3Destination", "S3Writer", "checked_destination",
+           "open_destination"]

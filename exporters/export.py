@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from exporters import chunkparts, dump, formats
 from exporters.chunkparts import part_name
-from exporters.destinations import Destination, Fence, open_destination
+from exporters.destinations import Destination, Fence, checked_destination, open_destination
 from exporters.partlog import FolderBusyError, Part, PartLog
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
@@ -86,8 +86,7 @@ def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = No
     fmt = formats.check_format(fmt)
     if role not in ROLES:
         raise UsageError(f"bad --from {role!r} (expected master or slave)")
-    dest = open_destination(dest_url, quick=True)  # the planner's look: FARM_STATUS_TIMEOUT
-    dest.check()
+    dest = checked_destination(dest_url)  # the planner's look: FARM_STATUS_TIMEOUT
     runs = shard_runs(router, role, shards_per_chunk)
     chunks = [ChunkSpec(t, {"table": t, "shards": run}) for t in tables for run in runs]
     params = {"kinds": tables, "date": date, "dest": dest.url, "format": fmt, "from": role,

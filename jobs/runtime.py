@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -65,12 +66,15 @@ class Runtime:
         return self.settings.redis(socket_timeout=self.bound.socket_timeout)
 
     def close(self) -> None:
-        """Release pooled connections that were opened."""
-        for name in ("router", "ledger"):
-            if name in self.__dict__:
-                self.__dict__[name].close()
-        if "router" in self.__dict__:
-            self.__dict__["router"].source.close()
+        """Release pooled connections that were opened, and the shard map source (a
+        ZooKeeper client and its threads): each one even if another fails to close."""
+        built = self.__dict__
+        closers = [built[name].close for name in ("router", "ledger") if name in built]
+        if "router" in built:
+            closers.append(built["router"].source.close)
+        with ExitStack() as stack:  # runs every callback, then raises what failed
+            for close in reversed(closers):  # last in, first out: in the order above
+                stack.callback(close)
 
 
 _lock = threading.Lock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -47,6 +48,8 @@ class App:
         return self.router.source
 
     def close(self) -> None:
-        """Release every pooled connection."""
-        for close in reversed(self._closers):
-            close()
+        """Release every pooled connection and shard map source, each one even if another
+        fails to close."""
+        with ExitStack() as stack:  # runs every callback, then raises what failed
+            for close in self._closers:  # last in, first out
+                stack.callback(close)

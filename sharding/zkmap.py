@@ -74,48 +74,70 @@ def answered(url: str, what: str) -> Iterator[None]:
 
 
 class ZkSource:
-    """The map of a ZooKeeper node, switched to each new valid version as it is published."""
+    """The map of a ZooKeeper node, switched to each new valid version as it is published.
+
+    kazoo runs the node's watch on its own threads, and at exit (an ``atexit`` hook) and in
+    ``close()`` it waits for them to finish: so the watch only keeps the newest node data,
+    and the map is parsed and offered to the guard (which may ask the control database)
+    by whoever calls ``current()``. A guard that hangs then never holds up a process's exit
+    or ``close()``. Every error of the constructor closes the client before it is raised.
+    """
 
     path = None
 
     def __init__(self, url: str, guard: Guard | None = None, timeout: float = 10.0) -> None:
         self.spec = url
         self.client, self.node = connect(url, timeout)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # applying a version (parse, guard): callers of current()
+        self._slot = threading.Lock()  # the newest data the watch saw: held for a swap only
+        self._pending: tuple[bytes, int] | None = None
         try:
-            with answered(url, "read"):
-                data, stat = self.client.get(self.node)
-        except NoNodeError:
-            self.close()
-            raise ShardMapError(f"no shard map at {url}: publish one with "
-                                "'farm shards publish FILE'") from None
-        except ConfigError:
+            self._held = self._first(guard)
+            self.client.DataWatch(self.node, self._changed)
+        except BaseException:
             self.close()
             raise
+
+    def _first(self, guard: Guard | None) -> GuardedMap:
+        """The node's map now, as the map in force (one line if there is none or it is bad)."""
+        try:
+            with answered(self.spec, "read"):
+                data, stat = self.client.get(self.node)
+        except NoNodeError:
+            raise ShardMapError(f"no shard map at {self.spec}: publish one with "
+                                "'farm shards publish FILE'") from None
         self._seen = stat.mzxid  # not the version: a node deleted and made again restarts at 0
-        self._held = GuardedMap(ShardMap.from_json(data.decode("utf-8", "replace"), url),
-                                guard, url)
-        self.client.DataWatch(self.node, self._changed)
+        return GuardedMap(ShardMap.from_json(data.decode("utf-8", "replace"), self.spec),
+                          guard, self.spec)
 
     def _changed(self, data: bytes | None, stat: object) -> None:
-        """The watch: a new node version (or the first call, with the version already read)."""
+        """The watch (on kazoo's thread): keep the newest data for ``current()``, nothing
+        slow here."""
         if data is None:
-            log.error("shard map node %s is gone; keeping version %d", self.spec,
-                      self._held.current.version)
+            log.error("shard map node %s is gone; keeping the map in force", self.spec)
             return
+        with self._slot:  # zxids only grow: a late, older reading never replaces a newer
+            if self._pending is None or self._pending[1] < stat.mzxid:
+                self._pending = (data, stat.mzxid)
+
+    def _apply(self) -> None:
+        """Offer the newest data the watch saw (if it is a new change) to the guard."""
         with self._lock:
-            if stat.mzxid == self._seen:  # the zxid of its last change: unique, never reused
+            with self._slot:
+                pending, self._pending = self._pending, None
+            if pending is None or pending[1] <= self._seen:  # the zxid of its last change
                 return
-            self._seen = stat.mzxid
+            data, self._seen = pending
             try:
                 new = ShardMap.from_json(data.decode("utf-8", "replace"), self.spec)
             except ShardMapError as exc:
                 log.error("keeping the previous shard map: %s", exc)
                 return
-            self._held.offer(new, stat.mzxid)
+            self._held.offer(new, self._seen)
 
     def current(self) -> ShardMap:
-        """The newest map this process accepted."""
+        """The newest map this process accepted (a version the watch saw is offered now)."""
+        self._apply()
         self._held.retry_due()
         return self._held.current
 
@@ -126,6 +148,7 @@ class ZkSource:
         except (KazooException, KazooTimeoutError):
             return
         self._changed(data, stat)
+        self._apply()
 
     def close(self) -> None:
         """Stop watching and disconnect."""

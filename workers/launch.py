@@ -15,6 +15,7 @@ from rq import Worker
 
 from exporters import dump
 from exporters import export as exporter
+from exporters.destinations import checked_destination
 from farmcore.identity import farm_id
 from farmcore.preflight import preflight
 from jobs import runs
@@ -152,13 +153,17 @@ def export(rt: Runtime, date: str, dest: str | None, tables: list[str], fmt: str
 
 
 def cron_scheduler(rt: Runtime, name: str, at: str, export_args: dict) -> scheduler.Scheduler:
-    """The nightly export's scheduler, once its expression, tables and databases are checked.
+    """The nightly export's scheduler, once its expression, tables, databases and export
+    destination are checked (as ``farm export`` checks them: a missing bucket or an endpoint
+    that does not answer within FARM_STATUS_TIMEOUT is one line now, not a log line at
+    every slot).
 
     ``export_args``: ``{"dest", "tables", "from", "format"}`` of each export it starts.
     """
     scheduler.check_expression(at)
     dump.check_tables(export_args["tables"])
     preflight(rt.settings, rt.router)
+    checked_destination(export_args.get("dest") or rt.settings.export_url)
     return scheduler.Scheduler(rt, name=name, at=at, export_args=export_args)
 
 
