@@ -54,8 +54,12 @@ def sync_line(doc: dict) -> str:
     """``farm sync`` in one line: leader, lag, keys applied."""
     if "run_id" not in doc:
         return "sync: never run"
-    lag = (f"lag {doc['lag_events']} transaction(s) / {doc['lag_seconds']} s"
-           if "lag_events" in doc else "lag unknown (legacy server not reached)")
+    if "lag_events" in doc:
+        lag = f"lag {doc['lag_events']} transaction(s) / {doc['lag_seconds']} s"
+    elif "server_position" in doc:  # reached, but the stored position is not one
+        lag = "lag unknown (the stored position is not a GTID position: 'farm sync' says how)"
+    else:
+        lag = "lag unknown (legacy server not reached)"
     leader = f"{doc['leader']} on {doc['host']}" if doc["leader"] else "no leader"
     applied = ", ".join(f"{t} {n}" for t, n in doc["applied"].items()) or "nothing yet"
     waiting = f", waiting for {doc['waiting_for']}" if doc.get("waiting_for") else ""
