@@ -78,6 +78,12 @@ def home_feed(user_id: int) -> str:
     return f"home:{user_id}"
 
 
+def home_feed_tmp(user_id: int) -> str:
+    """Where a rebuilt home feed is written before it is renamed over ``home_feed`` (within
+    the transaction that writes it: it never outlives that)."""
+    return f"home:{user_id}:tmp"
+
+
 FEED_GENERATION_BUCKET = 7  # low bits of a user ID: users per hash in feed_generations
 
 

@@ -3,8 +3,9 @@
 A feeds chunk reads follows and pins from the shards, then swaps the users' feeds in.
 A worker that stalls between its last lease check and its swap (a GC pause, a frozen
 VM, a partition) while its lease expires must not put its older feeds over newer ones.
-Two values decide, judged by the one Lua script that also writes the feeds, so nothing
-can come between the judgement and the write:
+Two values decide, judged by a Lua script at the end of the ``MULTI/EXEC`` that wrote the
+new feeds to temporary keys; it renames each over its feed or drops it, so nothing can come
+between the judgement and the write (the pins themselves never pass through Lua: cheaper):
 
 - the chunk's fence (``keys.feeds_fence``: chunk -> the ledger fence of its newest
   owner). Every owner advances it (``begin``) before it reads anything; a swap under a
@@ -19,7 +20,7 @@ can come between the judgement and the write:
   chunk fence expired (``FENCE_SECONDS`` after its last advance).
 
 A reader (``LRANGE home:<id> 0 49``) sees a user's old feed or the new one, never a
-half-built one: the script is atomic.
+half-built one: the transaction is atomic.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from sharding.fencing import FenceToken
 if TYPE_CHECKING:
     from redis import Redis
 
-BATCH = 200  # users per script call
+BATCH = 200  # users per MULTI/EXEC
 FENCE_SECONDS = 7 * 86400  # a chunk fence outlives its last advance by this much
 
 # Stored values are read as numbers, 0 when they are not (whoever can write to Redis must
@@ -60,30 +61,36 @@ redis.call('EXPIRE', KEYS[1], ARGV[3])
 return {redis.call('INCR', KEYS[2]), mine}
 """)
 
-# KEYS: chunk fences, then per user: feed, generations hash. ARGV: chunk ID, fence,
-# generation, then per user: field in the generations hash, n, n pins. Refused whole
-# ({0, held, 0, 0}) if a higher fence is held; else {1, pins, feeds, superseded}: each feed
-# last written under a higher generation is left, every other replaced (an empty one deleted).
+# Run last in the MULTI/EXEC that wrote each non-empty feed to its temporary key, so nothing
+# comes between it and them. KEYS: chunk fences, then per user: temporary key, feed,
+# generations hash. ARGV: chunk ID, fence, generation, then per user: field in the
+# generations hash, pins. Refused whole ({0, held, 0, 0}) if a higher fence is held; else
+# {1, pins, feeds, superseded}: each feed last written under a higher generation is left,
+# every other replaced by its temporary key (an empty one deleted). No temporary key is left.
 _SWAP = Script(None, _NUM + b"""
 local held = num(redis.call('HGET', KEYS[1], ARGV[1]))
-if held > tonumber(ARGV[2]) then return {0, held, 0, 0} end
+local refused = held > tonumber(ARGV[2])
 local gen = tonumber(ARGV[3])
 local a, pins, feeds, superseded = 4, 0, 0, 0
-for k = 2, #KEYS, 2 do
+for k = 2, #KEYS, 3 do
   local field, n = ARGV[a], tonumber(ARGV[a + 1])
   a = a + 2
-  if num(redis.call('HGET', KEYS[k + 1], field)) > gen then
+  if refused then
+    redis.call('DEL', KEYS[k])
+  elseif num(redis.call('HGET', KEYS[k + 2], field)) > gen then
+    redis.call('DEL', KEYS[k])
     superseded = superseded + 1
   else
-    redis.call('HSET', KEYS[k + 1], field, ARGV[3])
-    redis.call('DEL', KEYS[k])
-    for i = a, a + n - 1, 1000 do  -- 1,000 pins per RPUSH: unpack has a stack limit
-      redis.call('RPUSH', KEYS[k], unpack(ARGV, i, math.min(i + 999, a + n - 1)))
+    redis.call('HSET', KEYS[k + 2], field, ARGV[3])
+    if n > 0 then
+      redis.call('RENAME', KEYS[k], KEYS[k + 1])
+      feeds, pins = feeds + 1, pins + n
+    else
+      redis.call('DEL', KEYS[k + 1])
     end
-    if n > 0 then feeds, pins = feeds + 1, pins + n end
   end
-  a = a + n
 end
+if refused then return {0, held, 0, 0} end
 return {1, pins, feeds, superseded}
 """)
 
@@ -127,18 +134,24 @@ def _batches(items: Sequence, size: int) -> Iterator[Sequence]:
 
 def swap_feeds(redis: Redis, feeds: dict[int, list[int]], fence: FeedFence,
                batch: int = BATCH) -> Swapped:
-    """Replace each user's feed with its new pins (an empty feed deletes the key), one
-    atomic script per ``batch`` users, judged by ``fence`` (see the module's text).
-    ``FencedError`` if the chunk was taken over: that batch writes nothing."""
+    """Replace each user's feed with its new pins (an empty feed deletes the key), judged by
+    ``fence`` (see the module's text): per ``batch`` users one ``MULTI/EXEC`` that writes
+    each new feed to a temporary key and ends with the script that judges and renames them.
+    ``FencedError`` if the chunk was taken over: that batch replaces nothing."""
     token, done = fence.token, Swapped()
     for group in _batches(list(feeds.items()), batch):
+        pipe = redis.pipeline(transaction=True)
         names, args = [keys.feeds_fence(token.run_id)], [token.chunk_id, token.fence,
                                                           fence.generation]
         for user, feed in group:
-            names += (keys.home_feed(user), keys.feed_generations(user))
+            tmp = keys.home_feed_tmp(user)
+            if feed:
+                pipe.delete(tmp)
+                pipe.rpush(tmp, *[b"%d" % p for p in feed])  # bytes: cheapest to pack
+            names += (tmp, keys.home_feed(user), keys.feed_generations(user))
             args += (keys.feed_generation_field(user), len(feed))
-            args += [b"%d" % p for p in feed]  # bytes: cheapest to pack
-        ok, pins, written, superseded = _SWAP(keys=names, args=args, client=redis)
+        _SWAP(keys=names, args=args, client=pipe)
+        ok, pins, written, superseded = pipe.execute()[-1]
         if not ok:
             raise _refused(token, int(pins))
         done = Swapped(done.pins + pins, done.feeds + written, done.superseded + superseded)
