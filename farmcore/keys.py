@@ -79,5 +79,32 @@ def home_feed(user_id: int) -> str:
 
 
 def home_feed_tmp(user_id: int) -> str:
-    """Where a rebuilt home feed is written before it is renamed over ``home_feed``."""
+    """Where a rebuilt home feed is written before it is renamed over ``home_feed`` (within
+    the transaction that writes it: it never outlives that)."""
     return f"home:{user_id}:tmp"
+
+
+FEED_GENERATION_BUCKET = 7  # low bits of a user ID: users per hash in feed_generations
+
+
+def feeds_fence(run_id: str) -> str:
+    """Hash of a feeds run's chunk fences: chunk ID -> the ledger fence of the chunk's newest
+    owner, advanced by each owner before it reads; a feed swap under a lower fence is refused
+    (expires some days after its last advance)."""
+    return f"{PREFIX}:feedsfence:{run_id}"
+
+
+def feeds_generation() -> str:
+    """Counter each feeds chunk attempt draws its generation from, before it reads."""
+    return f"{PREFIX}:feedsgen"
+
+
+def feed_generations(user_id: int) -> str:
+    """Hash of the generations that last wrote the home feeds of 128 neighbouring users:
+    ``feed_generation_field(user_id)`` -> generation (small: stored compactly by Redis)."""
+    return f"{PREFIX}:feedgens:{user_id >> FEED_GENERATION_BUCKET}"
+
+
+def feed_generation_field(user_id: int) -> int:
+    """The field of ``user_id`` in its ``feed_generations`` hash."""
+    return user_id & ((1 << FEED_GENERATION_BUCKET) - 1)

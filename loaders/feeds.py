@@ -6,9 +6,10 @@ A user's home feed (``home:<user_id>``) is the pins of the boards they follow
 descending, each pin once, at most ``length`` pins. A chunk is a range of local
 user IDs on one shard (or an explicit list of users). It reads follows and the
 newest ``length`` pins of every followed board in batched queries, merges them
-per user, and swaps every feed in with ``RENAME`` inside ``MULTI/EXEC``, so a
-reader sees the old feed or the new one, never a half-built one. Running a
-chunk twice leaves the same feeds.
+per user, and swaps the feeds in with one atomic Lua script per batch of users, so a
+reader sees the old feed or the new one, never a half-built one. The swap is fenced in
+Redis (``loaders.feedswap``): a chunk's stalled earlier owner is refused, and no feed
+is replaced by one read before it. Running a chunk twice leaves the same feeds.
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
 
-from farmcore import keys
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Outcome
+from loaders.feedswap import begin, swap_feeds
 from shardfarm.errors import ConfigError, InvalidIdError, UsageError
 from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding import ids
 from sharding.router import Router
 from sharding.schema import shard_table
-
-if TYPE_CHECKING:
-    from redis import Redis
 
 HANDLER = "loaders.feeds.rebuild_chunk"
 KIND = "feeds"
@@ -37,7 +34,6 @@ MAX_LENGTH = 10_000
 DEFAULT_CHUNK_USERS = 2000
 USER_BATCH = IN_LIST_MAX  # users per read round (one IN list of follows a shard)
 BOARD_BATCH = 200      # boards per window-function query
-REDIS_BATCH = 200      # users per MULTI/EXEC
 CACHE_PINS = 2_000_000  # board pins kept across read rounds of one chunk
 
 Entry = tuple[int, int]  # (sequence, pin_id): sorts like the feed, descending
@@ -183,25 +179,6 @@ def merge_feed(lists: Iterable[list[Entry]], length: int) -> list[int]:
     return out
 
 
-def swap_feeds(redis: Redis, feeds: dict[int, list[int]], batch: int = REDIS_BATCH) -> int:
-    """Replace each user's feed atomically (temporary key, then ``RENAME``, in one
-    ``MULTI/EXEC`` per ``batch`` users); an empty feed deletes the key. Returns pins written."""
-    pins = 0
-    for group in _batches(list(feeds.items()), batch):
-        pipe = redis.pipeline(transaction=True)
-        for user, feed in group:
-            if feed:
-                tmp = keys.home_feed_tmp(user)
-                pipe.delete(tmp)
-                pipe.rpush(tmp, *[b"%d" % p for p in feed])  # bytes: cheapest to pack
-                pipe.rename(tmp, keys.home_feed(user))
-                pins += len(feed)
-            else:
-                pipe.delete(keys.home_feed(user))
-        pipe.execute()
-    return pins
-
-
 def rebuild_chunk(ctx: ChunkContext, users: list[int] | None = None, shard: int | None = None,
                   lo: int | None = None, hi: int | None = None) -> Outcome:
     """Chunk handler: rebuild the feeds of ``users``, or of the active users ``lo..hi`` of
@@ -209,10 +186,11 @@ def rebuild_chunk(ctx: ChunkContext, users: list[int] | None = None, shard: int 
     if ctx.redis is None:
         raise ConfigError("the feeds handler needs Redis")
     length = int(ctx.params.get("length", DEFAULT_LENGTH))
+    fence = begin(ctx.redis, ctx.token)  # before anything is read: the attempt's generation
     if users is None:
         users = active_users(ctx.router, shard, lo, hi)
     cache = BoardPins(ctx.router, length)
-    written = pins = 0
+    written = pins = superseded = 0
     for group in _batches(users, USER_BATCH):
         ctx.check()
         followed = follows(ctx.router, group)
@@ -220,6 +198,8 @@ def rebuild_chunk(ctx: ChunkContext, users: list[int] | None = None, shard: int 
         feeds = {u: merge_feed([cache.boards[b] for b in followed.get(u, ())], length)
                  for u in group}
         ctx.check()
-        pins += swap_feeds(ctx.redis, feeds)
-        written += sum(1 for f in feeds.values() if f)
-    return Outcome(rows_read=len(users), rows_written=written, counts={"pins": pins})
+        done = swap_feeds(ctx.redis, feeds, fence)
+        pins, written = pins + done.pins, written + done.feeds
+        superseded += done.superseded
+    return Outcome(rows_read=len(users), rows_written=written,
+                   counts={"pins": pins, "superseded": superseded})

@@ -241,3 +241,31 @@ def map_probe(ctx, shard: int, key: str, pin: int) -> None:
                     (ids.encode(shard, "user", 9), ids.encode(shard, "pin", pin)))
     ctx.router.run(shard, tx)
     ctx.redis.rpush(f"{key}:wrote", version)
+
+
+def feeds_frozen(ctx, freeze_once: str, **args):
+    """``loaders.feeds.rebuild_chunk``, but the first attempt to get there (the one that
+    creates the file ``freeze_once``, writing its PID) freezes its whole process with
+    SIGSTOP as it calls ``swap_feeds``: after its batch was read and its lease checked,
+    before anything of the swap is sent to Redis."""
+    import os
+    import signal
+
+    from loaders import feeds
+
+    def freezing(swap):
+        def wrapped(*a, **kw):
+            try:
+                fd = os.open(freeze_once, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                return swap(*a, **kw)
+            os.write(fd, str(os.getpid()).encode())
+            os.close(fd)
+            os.kill(os.getpid(), signal.SIGSTOP)  # the lease renewer's thread stops too
+            return swap(*a, **kw)
+        wrapped.frozen = True
+        return wrapped
+
+    if not getattr(feeds.swap_feeds, "frozen", False):
+        feeds.swap_feeds = freezing(feeds.swap_feeds)
+    return feeds.rebuild_chunk(ctx, **args)

@@ -159,7 +159,8 @@ class Reader(threading.Thread):
 
 
 def test_swap_is_atomic(graph, env, router, r, settings, ledger):
-    from loaders.feeds import swap_feeds
+    from loaders.feedswap import begin, swap_feeds
+    from sharding.fencing import FenceToken
     users = [u for u in graph["active"] if expected_feed(router, u, 500)]
     new = {u: expected_feed(router, u, 500) for u in users}
     seed(r, users)
@@ -167,9 +168,10 @@ def test_swap_is_atomic(graph, env, router, r, settings, ledger):
     reader.start()
     try:
         run_with_burst_workers(env, ledger, "--users", ",".join(map(str, users)))
+        fence = begin(r, FenceToken("t-atomic", 0, 1))  # newer than the run's: it may write
         for i in range(60):  # hammer: swap old and new lists back and forth under the reader
             swap_feeds(r, {u: SENTINEL_PINS if i % 2 == 0 else list(map(int, new[u]))
-                           for u in users})
+                           for u in users}, fence)
     finally:
         reader.done.set()
         reader.join()
