@@ -70,13 +70,13 @@ def preview(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     """What ``move`` would do, changing nothing (``--dry-run``): its checks, where the shards
     are, the copy's chunks, the map version it would make, and with ``drop_source`` the
     source copies it would drop."""
+    capmove.check_target(rt.router.shardmap, lo, hi, master, slave)
     doc: dict = {"dry_run": True, "would_move": [lo, hi], "to": f"{master}/{slave}"}
-    if capmove.flipped(rt.router, lo, hi, master):
-        found = _flipped_plan(rt, lo, hi, master, slave)
-        if found is None:
-            return {**doc, "would_move": None, "already_on": master}
+    found = (_flipped_plan(rt, lo, hi, master, slave)
+             if capmove.flipped(rt.router, lo, hi, master) else None)
+    if found is not None:
         p, doc = found[1], {**doc, "already_flipped": True, "run_id": found[0]}
-    else:
+    else:  # shards already on master with no move of ours to finish: plan refuses, as move does
         p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
         doc.update({"from": sorted(set(p.sources.values())), "chunks": len(p.chunks()),
                     "version": p.version + 1})
@@ -92,6 +92,7 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     Refused at once (``MoveInProgressError``) while another move holds one of the shards.
 
     ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
+    capmove.check_target(rt.router.shardmap, lo, hi, master, slave)
     with moving(rt.ledger.pool, lo, hi):
         return _move(rt, lo, hi, master, slave, rows_per_range, follow, max_lag, notice)
 

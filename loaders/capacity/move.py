@@ -26,6 +26,7 @@ from sharding.mappublish import amend, in_force
 from sharding.provision import create_shard
 from sharding.router import Router
 from sharding.schema import shard_db
+from sharding.shardmap import ShardMap
 
 Span = tuple[int | None, int | None]
 # Rows per copy chunk, which is also the range the catch-up compares and copies again
@@ -70,12 +71,28 @@ class MovePlan:
                 for (s, table), spans in sorted(self.spans.items()) for lo, hi in spans]
 
 
+def check_target(m: ShardMap, lo: int, hi: int, master: str, slave: str) -> None:
+    """Refuse, in one line (``UsageError``), a ``--to`` pair the shards cannot move to: a host
+    the map does not name or lists under ``gone``, or a slave that is the current master of
+    one of the shards. (A master that already holds them is refused by ``plan``, unless an
+    earlier run of this move flipped them there.)"""
+    for role, name in (("master", master), ("slave", slave)):
+        host_of(m, name, f"to {role}")
+        if name in m.gone:
+            raise UsageError(f"--to {role} {name} is marked gone in the shard map (its slave "
+                             "was promoted in its place); choose a live pair")
+    for r in m.shard_ranges:
+        if r.lo <= hi and lo <= r.hi and r.master == slave:
+            raise UsageError(f"--to slave {slave} is the current master of shard "
+                             f"{max(lo, r.lo)}; name the new pair's own slave")
+
+
 def plan(router: Router, lo: int, hi: int, master: str, slave: str,
          rows_per_range: int = ROWS_PER_RANGE) -> MovePlan:
     """Check the move and cut every table of every shard into ranges."""
     m = router.shardmap
-    dst = host_of(m, master, "to master")
-    host_of(m, slave, "to slave")
+    check_target(m, lo, hi, master, slave)
+    dst = m.hosts[master]
     sources = {}
     for s in range(lo, hi + 1):
         try:
