@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from loaders.capacity.move import ROWS_PER_RANGE
+from loaders.capacity.move import ROWS_PER_RANGE, check_target
 from scripts.app import App
 from scripts.cmd_shards import shards_group
 from scripts.confirm import go_ahead
@@ -74,6 +74,7 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
     master, slave = _pair(to)
     if yes and not drop_source:
         raise UsageError("--yes goes with --drop-source")
+    check_target(app.router.shardmap, lo, hi, master, slave)  # before asking anything
     if dry_run:
         emit(capacity.preview(app.runtime, lo, hi, master, slave,
                               rows_per_range=rows_per_chunk, drop_source=drop_source))

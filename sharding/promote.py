@@ -146,6 +146,16 @@ def _make_master(router: Router, slave: Host) -> None:
         cur.execute("SET GLOBAL read_only = 0")
 
 
+def _still_read_only(old: str, master_pos: str | None, was_writable: bool) -> str:
+    """For a refusal: a live old master this run found read-only stays so (the run that made
+    it read-only may have been killed before it could give the writes back); say how to
+    undo it, since only the operator knows whether it should take writes."""
+    if master_pos is None or was_writable:
+        return ""
+    return (f"; {old} stays read-only as this promote found it (a promote that stopped may "
+            f"have left it so): if it should take writes, run SET GLOBAL read_only = 0 on it")
+
+
 def _checked(router: Router, m: ShardMap, host: str, old: str, accept_loss: bool,
              wait: float) -> tuple[str, str, bool]:
     """The catch-up check: ``(applied, received, behind)``; a refusal (``StaleStateError``)
@@ -155,9 +165,10 @@ def _checked(router: Router, m: ShardMap, host: str, old: str, accept_loss: bool
         applied, received = _catch_up(router, m.hosts[host], wait)
         behind = missing(applied, received) + missing(applied, master_pos or "")
         if behind and not accept_loss:
+            left = _still_read_only(old, master_pos, was_writable)
             raise StaleStateError(f"{host} is behind its master {old} ({'; '.join(behind)}): "
                                   "not promoted (start its SQL thread and wait, or "
-                                  "--accept-loss)")
+                                  f"--accept-loss){left}")
     except BaseException:  # refused or failed, nothing promoted: a live master writes again
         if was_writable:
             _writable_again(router, m.hosts[old])

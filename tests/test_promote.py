@@ -235,3 +235,32 @@ def test_a_promote_killed_before_any_of_its_statements_finishes_when_run_again(
         assert pair.master.sql("SELECT @@read_only")[0][0] == 1, n
         assert store.get_many(written).missing == [], n
     router.close()
+
+
+@pytest.mark.slow
+def test_a_refusal_after_a_killed_promote_says_the_old_master_is_left_read_only(
+        doomed_pair, server_b, farm_env, tmp_path):
+    """A promote killed right after it made the live master read-only (before it could
+    compare positions, refuse and give the writes back): the next run, refused because the
+    slave is still behind, found the master read-only and cannot know that a promote made
+    it so. Its one line says the master stays read-only and how to give it its writes."""
+    from tests import faults
+    pair = doomed_pair
+    path, env = _pair_map(pair, server_b, farm_env, tmp_path)
+    pair.slave.sql("STOP SLAVE SQL_THREAD")  # the slave receives but does not apply
+    pair.master.sql("CREATE DATABASE IF NOT EXISTS promote_probe")
+    args = {"shardmap": str(path), "env": env,
+            "argv": ["shards", "promote", "PairS", "--wait-seconds", "1"]}
+    # step 1: the SELECT @@gtid_binlog_pos right after SET GLOBAL read_only = 1
+    with _environ({"FARM_FAULT_MATCH": "@@gtid_binlog_pos"}):
+        assert faults.run_killed("farm", args, 1) == -9
+    assert pair.master.sql("SELECT @@read_only")[0][0] == 1
+    out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert "PairS is behind its master PairM" in lines[0], lines
+    assert "PairM stays read-only as this promote found it" in lines[0], lines
+    assert "run SET GLOBAL read_only = 0 on it" in lines[0], lines
+    assert json.loads(path.read_text())["version"] == 1
+    pair.master.sql("SET GLOBAL read_only = 0")  # what the line says: it takes writes again
+    pair.master.sql("CREATE DATABASE IF NOT EXISTS promote_probe2")

@@ -280,3 +280,40 @@ def test_a_flip_whose_answer_is_lost_is_recorded_by_the_sources(moved_map, repl_
     assert _current_map(moved_map).version == 2
     assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     assert "Traceback" not in log
+
+
+@pytest.mark.parametrize(("step", "caught"), [(1, "the catch-up"), (3, "the flip")])
+def test_a_move_that_lost_its_lock_stops_before_it_freezes_or_flips(
+        moved_map, repl_pair, env, settings, ledger, monkeypatch, step, caught):
+    """The server-side thread of the move's lock connection is killed (KILL from another
+    connection) while the move is stopped just before its ``step``-th shard_state write: 1,
+    the first new copy records the next version (the lock is checked again before the
+    catch-up); 3, the first source is frozen (checked again before the flip). Without the
+    lock a second move could run beside it: the move stops in one line, the map unflipped
+    and the sources thawed, and running it again finishes it."""
+    from loaders.capacity.movelock import lock_name
+    from tests import faults
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[0], SHARDS[1]
+    move = ["shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS", "--rows-per-chunk", "1000"]
+    name = lock_name(settings.control_dsn.database, lo)
+    workers = start_workers(e, 2)
+    try:
+        monkeypatch.setenv("FARM_FAULT_MATCH", "frozen = VALUES(frozen)")  # set_state only
+        args = {"shardmap": str(moved_map), "env": e, "argv": move}
+        with faults.frozen("farm", args, step, rc=1) as proc:
+            (holder,), = ledger.pool.query("SELECT IS_USED_LOCK(%s)", (name,))
+            ledger.pool.execute("KILL %s", (holder,))
+        monkeypatch.delenv("FARM_FAULT_MATCH")
+        assert _current_map(moved_map).version == 1
+        assert _source_states(moved_map, (lo, hi)) == [(0, False), (0, False)]
+        lines = [x for x in proc.err.strip().splitlines() if not x.startswith("farm: note:")]
+        assert len(lines) == 1 and "lost its locks on the control database" in lines[0], lines
+        assert f"before {caught}" in lines[0], lines
+        out = run_farm(e, *move, timeout=300)
+    finally:
+        log = stop(workers)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["version"] == 2
+    assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
+    assert "Traceback" not in log

@@ -16,7 +16,7 @@ from jobs import runs
 from jobs.runtime import Runtime
 from loaders.capacity import copy as capcopy
 from loaders.capacity import move as capmove
-from loaders.capacity.movelock import moving
+from loaders.capacity.movelock import MoveLock, moving
 from shardfarm.errors import FatalError
 from sharding.schema import shard_db
 from workers.launch import Notice, _silent, warn_without_workers
@@ -70,13 +70,13 @@ def preview(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     """What ``move`` would do, changing nothing (``--dry-run``): its checks, where the shards
     are, the copy's chunks, the map version it would make, and with ``drop_source`` the
     source copies it would drop."""
+    capmove.check_target(rt.router.shardmap, lo, hi, master, slave)
     doc: dict = {"dry_run": True, "would_move": [lo, hi], "to": f"{master}/{slave}"}
-    if capmove.flipped(rt.router, lo, hi, master):
-        found = _flipped_plan(rt, lo, hi, master, slave)
-        if found is None:
-            return {**doc, "would_move": None, "already_on": master}
+    found = (_flipped_plan(rt, lo, hi, master, slave)
+             if capmove.flipped(rt.router, lo, hi, master) else None)
+    if found is not None:
         p, doc = found[1], {**doc, "already_flipped": True, "run_id": found[0]}
-    else:
+    else:  # shards already on master with no move of ours to finish: plan refuses, as move does
         p = capmove.plan(rt.router, lo, hi, master, slave, rows_per_range)
         doc.update({"from": sorted(set(p.sources.values())), "chunks": len(p.chunks()),
                     "version": p.version + 1})
@@ -92,12 +92,13 @@ def move(rt: Runtime, lo: int, hi: int, master: str, slave: str, *,
     Refused at once (``MoveInProgressError``) while another move holds one of the shards.
 
     ``max_lag``: the copy's chunks wait while a slave lags more than that many seconds."""
-    with moving(rt.ledger.pool, lo, hi):
-        return _move(rt, lo, hi, master, slave, rows_per_range, follow, max_lag, notice)
+    capmove.check_target(rt.router.shardmap, lo, hi, master, slave)
+    with moving(rt.ledger.pool, lo, hi) as lock:
+        return _move(rt, lo, hi, master, slave, rows_per_range, follow, max_lag, notice, lock)
 
 
 def _move(rt: Runtime, lo: int, hi: int, master: str, slave: str, rows_per_range: int,
-          follow: Follow | None, max_lag: float | None, notice: Notice
+          follow: Follow | None, max_lag: float | None, notice: Notice, lock: MoveLock
           ) -> tuple[dict, capmove.MovePlan]:
     clock = [time.monotonic()]
     phases: dict[str, float] = {}
@@ -122,11 +123,14 @@ def _move(rt: Runtime, lo: int, hi: int, master: str, slave: str, rows_per_range
         raise FatalError(f"copy run {run_id} ended {status}: see 'farm failed {run_id}', then "
                          "run the same move again (it resumes)")
     notice(f"copied by run {run_id}; catching up with the writes made meanwhile")
+    lock.check("the catch-up, with nothing frozen or flipped")
     before, _ = capmove.catch_up(rt.router, p)
     lap("catch_up")
+    lock.check("the freeze, with nothing frozen or flipped")
     capmove.freeze(rt.router, p, True)
     try:
         during, rows = capmove.catch_up(rt.router, p, strict=True)
+        lock.check("the flip, with the map not flipped (the shards were thawed)")
     except BaseException:
         capmove.freeze(rt.router, p, False)
         raise

@@ -26,6 +26,7 @@ from sharding.mappublish import amend, in_force
 from sharding.provision import create_shard
 from sharding.router import Router
 from sharding.schema import shard_db
+from sharding.shardmap import ShardMap
 
 Span = tuple[int | None, int | None]
 # Rows per copy chunk, which is also the range the catch-up compares and copies again
@@ -70,12 +71,28 @@ class MovePlan:
                 for (s, table), spans in sorted(self.spans.items()) for lo, hi in spans]
 
 
+def check_target(m: ShardMap, lo: int, hi: int, master: str, slave: str) -> None:
+    """Refuse, in one line (``UsageError``), a ``--to`` pair the shards cannot move to: a host
+    the map does not name or lists under ``gone``, or a slave that is the current master of
+    one of the shards. (A master that already holds them is refused by ``plan``, unless an
+    earlier run of this move flipped them there.)"""
+    for role, name in (("master", master), ("slave", slave)):
+        host_of(m, name, f"to {role}")
+        if name in m.gone:
+            raise UsageError(f"--to {role} {name} is marked gone in the shard map (its slave "
+                             "was promoted in its place); choose a live pair")
+    for r in m.shard_ranges:
+        if r.lo <= hi and lo <= r.hi and r.master == slave:
+            raise UsageError(f"--to slave {slave} is the current master of shard "
+                             f"{max(lo, r.lo)}; name the new pair's own slave")
+
+
 def plan(router: Router, lo: int, hi: int, master: str, slave: str,
          rows_per_range: int = ROWS_PER_RANGE) -> MovePlan:
     """Check the move and cut every table of every shard into ranges."""
     m = router.shardmap
-    dst = host_of(m, master, "to master")
-    host_of(m, slave, "to slave")
+    check_target(m, lo, hi, master, slave)
+    dst = m.hosts[master]
     sources = {}
     for s in range(lo, hi + 1):
         try:
@@ -166,13 +183,7 @@ def record_flip(router: Router, p: MovePlan) -> list[int]:
     """After the flip: each source copy still there records the flipped version and is
     thawed (what a move killed between its flip and its thaw left undone). Returns the
     shards whose source copy was found."""
-    found = []
-    for s in range(p.lo, p.hi + 1):
-        src = router.shardmap.hosts[p.sources[s]]
-        there = router.query(src, "SELECT COUNT(*) FROM information_schema.schemata WHERE "
-                             "schema_name = %s", (shard_db(s),), s)[0][0]
-        if there:
-            found.append(s)
+    found = [s for s in range(p.lo, p.hi + 1) if _source_there(router, p, s)]
     freeze(router, p, False, p.version + 1, shards=found)
     return found
 
@@ -211,16 +222,27 @@ def flip_landed(spec: str, p: MovePlan, timeout: float = 10.0) -> bool | None:
         return None
 
 
+def _source_there(router: Router, p: MovePlan, s: int) -> bool:
+    """Whether the source copy of shard ``s`` still exists (not dropped yet)."""
+    src, _ = _hosts(router, p, s)
+    return bool(router.query(src, "SELECT COUNT(*) FROM information_schema.schemata WHERE "
+                             "schema_name = %s", (shard_db(s),), s)[0][0])
+
+
 def drop_sources(router: Router, p: MovePlan) -> list[str]:
-    """Drop the source copies of moved shards (only those that recorded the flip)."""
-    out = []
-    for s in range(p.lo, p.hi + 1):
-        src, _ = _hosts(router, p, s)
-        version, _ = router.run_on(src, lambda cur, s=s: fencing.state(cur, s), s)
-        if version <= p.version:
-            raise FatalError(f"{shard_db(s)} on {src.name} has not recorded the move; "
-                             "nothing dropped")
-        out.append(f"{src.name}:{shard_db(s)}")
-        router.run_on(src, lambda cur, s=s: cur.execute(
+    """Drop the source copies of moved shards; returns every source copy of the move, each
+    now gone. Every shard is checked first: if any source copy has not recorded the flip,
+    ``FatalError`` naming them and nothing is dropped. A copy already gone (dropped by an
+    earlier run that stopped half way) counts as dropped, so running it again finishes."""
+    there = [s for s in range(p.lo, p.hi + 1) if _source_there(router, p, s)]
+    behind = [s for s in there if router.run_on(
+        _hosts(router, p, s)[0], lambda cur, s=s: fencing.state(cur, s), s)[0] <= p.version]
+    if behind:
+        named = ", ".join(f"{shard_db(s)} on {p.sources[s]}" for s in behind[:5])
+        more = f" and {len(behind) - 5} more" if len(behind) > 5 else ""
+        raise FatalError(f"{named}{more} has not recorded the move (run the same move again "
+                         "to have it recorded); nothing dropped")
+    for s in there:
+        router.run_on(_hosts(router, p, s)[0], lambda cur, s=s: cur.execute(
             f"DROP DATABASE IF EXISTS `{shard_db(s)}`"), s)
-    return out
+    return [f"{p.sources[s]}:{shard_db(s)}" for s in range(p.lo, p.hi + 1)]

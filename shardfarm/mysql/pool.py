@@ -129,6 +129,8 @@ class Pool:
             except BaseException:
                 _close_quietly(conn)  # unknown state (e.g. half-read result): do not reuse
                 raise
+            if not conn.open:  # its user closed it (e.g. found it dead): never reused
+                return
             if conn.server_status & SERVER_STATUS.SERVER_STATUS_IN_TRANS:
                 _close_quietly(conn)  # left a transaction open: the server rolls it back
                 return
