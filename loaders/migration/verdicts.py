@@ -108,9 +108,17 @@ class Resolver:
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
         """Take a chunk's own rows, fetch everything they reference, and judge every object
-        fetched (a parent of a row rejected for its own fields is remembered too)."""
+        fetched (a parent of a row rejected for its own fields is remembered too).
+
+        Own rows are judged as read now: a verdict remembered from when an earlier chunk
+        fetched the row as a parent is forgotten (the row may have changed since, and a
+        chunk writes the row it read)."""
         if table.is_object:
-            self.rows[table.name].update((r["id"], r) for r in rows)
+            own = [r["id"] for r in rows]
+            for legacy_id in own:
+                self.verdicts[table.name].pop(legacy_id, None)
+            self._absent[table.name].difference_update(own)
+            self.rows[table.name].update(zip(own, rows, strict=True))
         self._fetch_refs(table, rows)
         for name, fetched in self.rows.items():
             for row in fetched.values():
