@@ -115,3 +115,56 @@ def test_a_chunk_judges_its_own_rows_as_it_reads_them(rt, settings, router, brok
     else:
         assert bad[("users", "1")] == ("null_username", "")
         assert new_id(router, "user", 1) is None
+
+
+def _expire(settings, run_id: str, chunk: int) -> None:
+    """End a dead attempt's lease now (what its expiry does, without waiting for it)."""
+    legacy_ctl = settings.control_dsn
+    import pymysql
+    conn = pymysql.connect(host=legacy_ctl.host, port=legacy_ctl.port, user=legacy_ctl.user,
+                           password=legacy_ctl.password, database=legacy_ctl.database,
+                           autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute("UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND "
+                    "WHERE run_id = %s AND chunk_id = %s", (run_id, chunk))
+    conn.close()
+
+
+@pytest.mark.slow
+def test_a_retried_chunk_takes_rows_it_loads_now_out_of_the_quarantine(rt, settings, router,
+                                                                      monkeypatch):
+    """A boards chunk quarantined board 5 (``missing_owner``) and died before the ledger
+    marked it done; its user was added before the retry, which loaded the board. The
+    quarantine still listed it (a retry only added and updated rows): ``farm quarantine``
+    named a row that is in the target, beside a summary that did not count it. Now a
+    chunk's record replaces the rows its earlier attempts recorded."""
+    from farmcore.quarantine import Quarantine
+    from jobs import lifecycle
+    from loaders.migration import migrate as migration
+    legacy(settings, "INSERT INTO users VALUES (1, 'alice', 'a@x.com', 'Alice', %s)", T0)
+    legacy(settings, "INSERT INTO boards VALUES (4, 1, 'kept', NULL, %s)", T0)
+    legacy(settings, "INSERT INTO boards VALUES (5, 9, 'orphan', NULL, %s)", T0)
+    legacy(settings, "INSERT INTO boards VALUES (6, 1, 'zero', NULL, '0000-00-00')")
+    params, chunks = migration.plan(settings, rt.router, rt.ledger, 50_000)
+    run_id = rt.ledger.create_run("migrate", "none", {**params, "handler": migration.HANDLER},
+                                  chunks)
+    boards = next(i for i, c in enumerate(chunks) if c.kind == "boards")
+    real = Quarantine.record
+
+    def record_then_die(self, lease, rows) -> None:
+        real(self, lease, rows)
+        raise KeyboardInterrupt  # like SIGKILL: the attempt records nothing more
+    monkeypatch.setattr(Quarantine, "record", record_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.execute(rt, run_id, boards)
+    monkeypatch.setattr(Quarantine, "record", real)
+    migration._states.clear()  # the killed worker's memory dies with it
+    assert set(quarantined(rt, run_id)) == {("boards", "5"), ("boards", "6")}
+    legacy(settings, "INSERT INTO users VALUES (9, 'bob', 'b@x.com', 'Bob', %s)", T0)
+    _expire(settings, run_id, boards)
+    assert lifecycle.execute(rt, run_id, boards) == "done"
+    assert rt.ledger.chunk(run_id, boards)["attempts"] == 2
+    assert quarantined(rt, run_id) == {("boards", "6"): ("zero_created_at",
+                                                         "0000-00-00 00:00:00")}
+    assert rt.ledger.chunk(run_id, boards)["rows_quarantined"] == 1
+    assert new_id(router, "board", 5) is not None

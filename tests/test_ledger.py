@@ -120,3 +120,22 @@ def test_active_runs_have_a_live_lease_or_a_claim_since_the_time_asked(ledger):
                                     "started_at = started_at - INTERVAL 1 HOUR"), (idle,))
     assert ledger.active_runs(kind)[0] == []  # its lease expired
     assert ledger.active_runs(kind, grace=60)[0] == [idle]  # a statement may still run
+
+
+def test_quarantine_is_replaced_by_the_current_attempt_only(ledger):
+    """A chunk's record replaces what its earlier attempts recorded (a row loaded now
+    leaves the quarantine); a zombie attempt's late record is refused and changes nothing."""
+    run = _run(ledger, 2)
+    zombie = ledger.claim(run, 0, "zombie")
+    ledger.quarantine.record(zombie, [("boards", "5", "missing_owner", "user_id=9"),
+                                      ("boards", "6", "zero_created_at", None)])
+    ledger.pool.execute("UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND "
+                        "WHERE run_id = %s AND chunk_id = 0", (run,))
+    heir = ledger.claim(run, 0, "heir")
+    other = ledger.claim(run, 1, "heir")
+    ledger.quarantine.record(other, [("boards", "90", "missing_owner", "user_id=3")])
+    ledger.quarantine.record(heir, [("boards", "6", "zero_created_at", None)])
+    with pytest.raises(FencedError):
+        ledger.quarantine.record(zombie, [("boards", "5", "missing_owner", "user_id=9")])
+    assert [(r["legacy_key"], r["reason"]) for r in ledger.quarantine.rows(run)] == [
+        ("6", "zero_created_at"), ("90", "missing_owner")]
