@@ -168,3 +168,22 @@ def test_a_retried_chunk_takes_rows_it_loads_now_out_of_the_quarantine(rt, setti
                                                          "0000-00-00 00:00:00")}
     assert rt.ledger.chunk(run_id, boards)["rows_quarantined"] == 1
     assert new_id(router, "board", 5) is not None
+
+
+@pytest.mark.slow
+def test_verify_reports_two_users_whose_usernames_lower_case_alike(rt, settings, router):
+    """'kelvin' and '\u212aelvin' (a Kelvin sign) are two usernames to the legacy
+    database's unique key but one lookup key once lower-cased: one user of the two is
+    migrated unreachable by name, and verify passed. Now verify names that user, and
+    renaming it in the legacy database and re-running makes verify pass."""
+    legacy(settings, "INSERT INTO users VALUES (4, 'kelvin', 'k@x.com', 'K', %s)", T0)
+    legacy(settings, "INSERT INTO users VALUES (5, '\u212aelvin', 'k2@x.com', 'K2', %s)", T0)
+    first = migrate(rt, settings)
+    named = {4: new_id(router, "user", 4), 5: new_id(router, "user", 5)}
+    loser = max(named, key=named.get)  # the lookup keeps the smaller new ID
+    problems = verify(rt, settings, first)
+    assert [(p["legacy_key"], p["target"]) for p in problems] == [
+        (str(loser), "username_to_user")]
+    assert "rename one" in problems[0]["problem"]
+    legacy(settings, "UPDATE users SET username = 'kelvin2' WHERE id = %s", loser)
+    assert verify(rt, settings, migrate(rt, settings)) == []
