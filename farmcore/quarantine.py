@@ -26,6 +26,21 @@ INSERT = ("INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, det
           "detail = VALUES(detail)")
 
 
+# A chunk's rows, locked through its own index entries only: a DELETE by chunk (which the
+# optimizer answers by the run's primary-key range) locked every quarantined row of the run
+# in REPEATABLE READ, and the chunks of a run recording at once waited for each other.
+CHUNK_ROWS = ("SELECT legacy_table, legacy_key FROM quarantine FORCE INDEX (by_chunk) "
+              "WHERE run_id = %s AND chunk_id = %s FOR UPDATE")
+
+
+def _delete(cur, run_id: str, rows: set[tuple[str, str]]) -> None:
+    """Delete ``(legacy table, legacy key)`` rows of a run, one primary-key lookup each (an
+    IN list over a small run's rows may be answered by a range scan, which locks others)."""
+    if rows:
+        cur.executemany("DELETE FROM quarantine WHERE run_id = %s AND legacy_table = %s "
+                        "AND legacy_key = %s", [(run_id, t, k) for t, k in sorted(rows)])
+
+
 def _hold_chunk(cur, lease: Lease) -> None:
     """Inside a control-database transaction: share-lock the chunk's ledger row and raise
     ``FencedError`` unless ``lease`` is still current (until commit, no claim can bump it)."""
@@ -53,8 +68,9 @@ class Quarantine:
 
         def tx(cur) -> None:
             _hold_chunk(cur, lease)
-            cur.execute("DELETE FROM quarantine WHERE run_id = %s AND chunk_id = %s",
-                        (lease.run_id, lease.chunk_id))
+            cur.execute(CHUNK_ROWS, (lease.run_id, lease.chunk_id))
+            gone = set(cur.fetchall()) - {(t, k) for t, k, *_ in rows}
+            _delete(cur, lease.run_id, gone)
             for i in range(0, len(params), BATCH):
                 cur.executemany(INSERT, params[i:i + BATCH])
         self.pool.run(tx, transaction=True)
