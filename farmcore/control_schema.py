@@ -137,6 +137,10 @@ STATEMENTS: list[str] = [
     "DEFAULT 1, ADD INDEX IF NOT EXISTS by_fences (fences_left, finished_at)",
     # chunks claimed since a time ('farm sync': did a migration write during an apply?)
     "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_started (started_at)",
+    # a chunk's quarantine rows, replaced by each attempt (farmcore.quarantine.record): without
+    # it that DELETE scans and, in REPEATABLE READ, locks every quarantined row of the run, so
+    # the chunks of a run recording at once waited for each other
+    "ALTER TABLE quarantine ADD INDEX IF NOT EXISTS by_chunk (run_id, chunk_id)",
     # A run that ended keeps its totals here (NULL while it runs: summed from its chunks).
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS chunks_done INT NULL, "
     "ADD COLUMN IF NOT EXISTS chunks_failed INT NULL, "

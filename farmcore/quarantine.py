@@ -1,8 +1,9 @@
 """The quarantine: legacy rows a migration could not move, with the reason, per run.
 
 This module is the only one that reads or writes the ``quarantine`` table. A chunk
-records its bad rows idempotently (a retried chunk overwrites its own rows), so the
-table holds each legacy row at most once per run.
+records its bad rows idempotently (a retried chunk replaces what its earlier attempts
+recorded), so the table holds each legacy row at most once per run, and only while it is
+bad.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from farmcore.syncstate import hold
+from shardfarm.errors import FencedError
 from shardfarm.mysql.inlist import IN_LIST_MAX
 from shardfarm.mysql.pool import Pool
 
@@ -24,6 +26,32 @@ INSERT = ("INSERT INTO quarantine (run_id, legacy_table, legacy_key, reason, det
           "detail = VALUES(detail)")
 
 
+# A chunk's rows, locked through its own index entries only: a DELETE by chunk (which the
+# optimizer answers by the run's primary-key range) locked every quarantined row of the run
+# in REPEATABLE READ, and the chunks of a run recording at once waited for each other.
+CHUNK_ROWS = ("SELECT legacy_table, legacy_key FROM quarantine FORCE INDEX (by_chunk) "
+              "WHERE run_id = %s AND chunk_id = %s FOR UPDATE")
+
+
+def _delete(cur, run_id: str, rows: set[tuple[str, str]]) -> None:
+    """Delete ``(legacy table, legacy key)`` rows of a run, one primary-key lookup each (an
+    IN list over a small run's rows may be answered by a range scan, which locks others)."""
+    if rows:
+        cur.executemany("DELETE FROM quarantine WHERE run_id = %s AND legacy_table = %s "
+                        "AND legacy_key = %s", [(run_id, t, k) for t, k in sorted(rows)])
+
+
+def _hold_chunk(cur, lease: Lease) -> None:
+    """Inside a control-database transaction: share-lock the chunk's ledger row and raise
+    ``FencedError`` unless ``lease`` is still current (until commit, no claim can bump it)."""
+    cur.execute("SELECT fence FROM chunks WHERE run_id = %s AND chunk_id = %s "
+                "LOCK IN SHARE MODE", (lease.run_id, lease.chunk_id))
+    row = cur.fetchone()
+    if row is None or int(row[0]) != lease.fence:
+        raise FencedError(f"chunk {lease.chunk_id} of run {lease.run_id}: lease {lease.fence} "
+                          "was taken over; a stale attempt records no quarantine")
+
+
 class Quarantine:
     """The ``quarantine`` table of the control database."""
 
@@ -31,10 +59,21 @@ class Quarantine:
         self.pool = pool
 
     def record(self, lease: Lease, rows: list[BadRow]) -> None:
-        """Record bad legacy rows ``(table, key, reason, detail)`` of a chunk (idempotent)."""
+        """Make bad legacy rows ``(table, key, reason, detail)`` the chunk's quarantine in
+        its run: what an earlier attempt recorded is replaced (a row it quarantined may load
+        now), in one transaction that ``FencedError`` refuses once the lease was taken over
+        (a stalled attempt's older verdicts would otherwise replace its successor's)."""
         params = [(lease.run_id, t, k, reason, (detail or "")[:500], lease.chunk_id)
                   for t, k, reason, detail in rows]
-        self._insert(params)
+
+        def tx(cur) -> None:
+            _hold_chunk(cur, lease)
+            cur.execute(CHUNK_ROWS, (lease.run_id, lease.chunk_id))
+            gone = set(cur.fetchall()) - {(t, k) for t, k, *_ in rows}
+            _delete(cur, lease.run_id, gone)
+            for i in range(0, len(params), BATCH):
+                cur.executemany(INSERT, params[i:i + BATCH])
+        self.pool.run(tx, transaction=True)
 
     def replace(self, run_id: str, table: str, keys: list[str], rows: list[BadRow],
                 prefix: bool = False, fence: int | None = None) -> None:

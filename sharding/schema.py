@@ -83,6 +83,9 @@ FARM_TABLES: dict[str, str] = {"chunk_fences": _FENCES_DDL,
 ) ENGINE=InnoDB DEFAULT CHARSET=ascii"""}
 
 # Mod-shard lookups. Keys compare byte-wise (utf8mb4_bin): "josé" and "jose" are different users.
+# A key holds at most LOOKUP_KEY_CHARS characters; str.lower() may lengthen a value ("İ" becomes
+# two characters), so a legacy value that fits its column may not fit here (verdicts.py).
+LOOKUP_KEY_CHARS = 255
 MOD_TABLES: dict[str, str] = {
     "legacy_id_map": """CREATE TABLE IF NOT EXISTS {q} (
   type_id SMALLINT UNSIGNED NOT NULL,
@@ -90,12 +93,14 @@ MOD_TABLES: dict[str, str] = {
   new_id BIGINT UNSIGNED NOT NULL,
   PRIMARY KEY (type_id, legacy_id)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
-    "username_to_user": """CREATE TABLE IF NOT EXISTS {q} (
-  username VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    "username_to_user": f"""CREATE TABLE IF NOT EXISTS {{q}} (
+  username VARCHAR({LOOKUP_KEY_CHARS}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL
+    PRIMARY KEY,
   user_id BIGINT UNSIGNED NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
-    "email_to_user": """CREATE TABLE IF NOT EXISTS {q} (
-  email VARCHAR(255) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL PRIMARY KEY,
+    "email_to_user": f"""CREATE TABLE IF NOT EXISTS {{q}} (
+  email VARCHAR({LOOKUP_KEY_CHARS}) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL
+    PRIMARY KEY,
   user_id BIGINT UNSIGNED NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 }

@@ -1,9 +1,11 @@
 """The chunk ledger: claims, leases, fencing of zombies (in the ledger and on the shards)."""
 
+import threading
 import time
 
 import pytest
 
+from farmcore import quarantine
 from farmcore.ledger import ChunkSpec, ClaimRefused, Lease, Outcome
 from shardfarm.errors import FatalError, FencedError
 from sharding import fencing
@@ -120,3 +122,47 @@ def test_active_runs_have_a_live_lease_or_a_claim_since_the_time_asked(ledger):
                                     "started_at = started_at - INTERVAL 1 HOUR"), (idle,))
     assert ledger.active_runs(kind)[0] == []  # its lease expired
     assert ledger.active_runs(kind, grace=60)[0] == [idle]  # a statement may still run
+
+
+def test_chunks_of_a_run_record_their_quarantine_without_waiting_for_each_other(ledger):
+    """Each record deletes the chunk's earlier rows: without an index on the chunk, that
+    DELETE locked every quarantined row of the run, so one chunk's open record held up every
+    other chunk's (here: chunk 2's waits for chunk 0's transaction to end)."""
+    run = _run(ledger, 3)
+    leases = [ledger.claim(run, c, "w") for c in range(3)]
+    for c, lease in enumerate(leases):
+        ledger.quarantine.record(lease, [("pins", str(100 * c + k), "missing_board", None)
+                                         for k in range(50)])
+    done = threading.Event()
+    with ledger.pool.connection() as held:
+        held.begin()
+        with held.cursor() as cur:  # chunk 0's record, in flight
+            cur.execute(quarantine.CHUNK_ROWS, (run, 0))
+        worker = threading.Thread(target=lambda: (ledger.quarantine.record(
+            leases[2], [("pins", "777", "missing_board", None)]), done.set()), daemon=True)
+        worker.start()
+        recorded = done.wait(20)
+        held.rollback()
+    worker.join(60)
+    assert recorded, "chunk 2's record waited for chunk 0's transaction"
+    keys = {r["legacy_key"] for r in ledger.quarantine.rows(run)}
+    assert "777" in keys and "249" not in keys and "0" in keys
+
+
+def test_quarantine_is_replaced_by_the_current_attempt_only(ledger):
+    """A chunk's record replaces what its earlier attempts recorded (a row loaded now
+    leaves the quarantine); a zombie attempt's late record is refused and changes nothing."""
+    run = _run(ledger, 2)
+    zombie = ledger.claim(run, 0, "zombie")
+    ledger.quarantine.record(zombie, [("boards", "5", "missing_owner", "user_id=9"),
+                                      ("boards", "6", "zero_created_at", None)])
+    ledger.pool.execute("UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND "
+                        "WHERE run_id = %s AND chunk_id = 0", (run,))
+    heir = ledger.claim(run, 0, "heir")
+    other = ledger.claim(run, 1, "heir")
+    ledger.quarantine.record(other, [("boards", "90", "missing_owner", "user_id=3")])
+    ledger.quarantine.record(heir, [("boards", "6", "zero_created_at", None)])
+    with pytest.raises(FencedError):
+        ledger.quarantine.record(zombie, [("boards", "5", "missing_owner", "user_id=9")])
+    assert [(r["legacy_key"], r["reason"]) for r in ledger.quarantine.rows(run)] == [
+        ("6", "zero_created_at"), ("90", "missing_owner")]

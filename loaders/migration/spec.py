@@ -63,8 +63,10 @@ class LegacyTable:
 
     @property
     def judge_columns(self) -> tuple[str, ...]:
-        """The columns needed to judge and place a referenced row (no text fields)."""
-        return tuple(dict.fromkeys([*self.key, *self.required, *(r.field for r in self.refs)]))
+        """The columns needed to judge and place a referenced row (no long text fields: the
+        key, required fields, lookup fields, whose length is judged, and references)."""
+        return tuple(dict.fromkeys([*self.key, *self.required, *(lk.field for lk in self.lookups),
+                                    *(r.field for r in self.refs)]))
 
     @property
     def is_object(self) -> bool:

@@ -1,7 +1,8 @@
 """Which legacy rows migrate, and where: verdicts on legacy rows, evaluated from the source.
 
 A row migrates iff its required fields are present (a ``created_at`` must not be
-NULL or a zero date) and every row it references exists and itself migrates.
+NULL or a zero date), its mod-shard lookup keys fit their column, and every row it
+references exists and itself migrates.
 Referenced rows are read from the legacy database in batches, so a chunk never
 waits for another table's chunks: validity and placement are pure functions of
 the legacy data (and of the open-shard list frozen in the run).
@@ -15,7 +16,8 @@ from typing import NamedTuple
 
 from loaders.migration import when
 from loaders.migration.legacy import LegacyReader
-from loaders.migration.spec import RANDOM, SPEC, LegacyTable
+from loaders.migration.spec import RANDOM, SPEC, LegacyTable, Lookup
+from sharding.schema import LOOKUP_KEY_CHARS
 
 
 class Verdict(NamedTuple):
@@ -43,6 +45,19 @@ _VALID: dict[int | None, Verdict] = {}
 
 def _bad(reason: str, detail: str | None = None) -> Verdict:
     return Verdict(False, reason, detail)
+
+
+def _key_too_long(lookup: Lookup, value: object) -> Verdict | None:
+    """``<field>_too_long`` when the lower-cased value is longer than a mod-shard lookup key
+    holds (``str.lower()`` may lengthen it: "İ" becomes two characters): written, it would
+    fail its chunk's lookups for good. The detail names the sizes, never the value."""
+    if value is None:
+        return None
+    n = len(str(value).lower())
+    if n <= LOOKUP_KEY_CHARS:
+        return None
+    return _bad(f"{lookup.field}_too_long", f"{lookup.field} is {n} characters lower-cased, "
+                f"{lookup.table} keys hold at most {LOOKUP_KEY_CHARS}: shorten it")
 
 
 def _valid(shard: int | None) -> Verdict:
@@ -93,9 +108,17 @@ class Resolver:
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
         """Take a chunk's own rows, fetch everything they reference, and judge every object
-        fetched (a parent of a row rejected for its own fields is remembered too)."""
+        fetched (a parent of a row rejected for its own fields is remembered too).
+
+        Own rows are judged as read now: a verdict remembered from when an earlier chunk
+        fetched the row as a parent is forgotten (the row may have changed since, and a
+        chunk writes the row it read)."""
         if table.is_object:
-            self.rows[table.name].update((r["id"], r) for r in rows)
+            own = [r["id"] for r in rows]
+            for legacy_id in own:
+                self.verdicts[table.name].pop(legacy_id, None)
+            self._absent[table.name].difference_update(own)
+            self.rows[table.name].update(zip(own, rows, strict=True))
         self._fetch_refs(table, rows)
         for name, fetched in self.rows.items():
             for row in fetched.values():
@@ -146,6 +169,10 @@ class Resolver:
             if f == "created_at" and when.parse(value) is None:
                 zero = value.startswith("0000-00-00")
                 return _bad("zero_created_at" if zero else "invalid_created_at", value)
+        for lookup in table.lookups:
+            too_long = _key_too_long(lookup, row[lookup.field])
+            if too_long is not None:
+                return too_long
         shards: dict[str, int | None] = {}
         for ref in table.refs:
             rid = row[ref.field]
