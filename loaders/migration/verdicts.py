@@ -93,13 +93,16 @@ class Resolver:
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
         """Take a chunk's own rows, fetch everything they reference, and judge every object
-        fetched (a parent of a row rejected for its own fields is remembered too)."""
+        fetched (a parent of a row rejected for its own fields is remembered too). The
+        chunk's own rows are left to the caller, who judges each of them next."""
         if table.is_object:
             self.rows[table.name].update((r["id"], r) for r in rows)
         self._fetch_refs(table, rows)
         for name, fetched in self.rows.items():
-            for row in fetched.values():
-                self.judge(SPEC[name], row)
+            if name != table.name:
+                spec = SPEC[name]
+                for row in fetched.values():
+                    self.judge(spec, row)
 
     def _fetch_refs(self, table: LegacyTable, rows: list[dict]) -> None:
         for ref in table.refs:
