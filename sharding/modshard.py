@@ -5,11 +5,14 @@ from __future__ import annotations
 import hashlib
 
 DEFAULT_BUCKETS = 4096
+_md5 = hashlib.md5
 
 
 def bucket_of(key: str, buckets: int = DEFAULT_BUCKETS) -> int:
-    """``int(md5(key_utf8).hexdigest(), 16) % buckets`` which every implementation must agree on."""
-    return int(hashlib.md5(key.encode("utf-8")).hexdigest(), 16) % buckets
+    """``int(md5(key_utf8).hexdigest(), 16) % buckets`` which every implementation must agree on
+    (the same number read from the digest's bytes: no hex text to make and parse; a
+    migration hashes every object it writes)."""
+    return int.from_bytes(_md5(key.encode("utf-8")).digest(), "big") % buckets
 
 
 def legacy_key(type_name: str, legacy_id: int) -> str:

@@ -123,6 +123,7 @@ class PrivateMariaDB:
             [MARIADBD, "--no-defaults", f"--datadir={datadir}", f"--port={port}",
              f"--bind-address={bind}", f"--socket={base / 'sock'}", "--user=root",
              *([] if "log-bin" in options else ["--skip-log-bin"]),
+             *([] if "tmpdir" in options else [f"--tmpdir={base}"]),  # not /tmp: shared
              f"--pid-file={base / 'pid'}",
              *(f"--{k}={v}" for k, v in options.items())],
             stdout=log, stderr=subprocess.STDOUT)

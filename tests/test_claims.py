@@ -66,3 +66,16 @@ def test_scattered_keys_are_read_by_key(router, slots):
     found = claims.survey(router, target)
     assert dict(found.held) == {(SHARDS[0], "pins"): {10}}
     assert set(found.taken) == {11}
+
+
+def test_a_ranged_survey_reads_sparse_keys_as_one_range(router, slots):
+    """A chunk's slice (``ranged``): its sparse keys on a shard are read as one index range,
+    and only the wanted slots in it count (slot 10 is in the range but not wanted)."""
+    far = [(5, "{}", 5), (11, "{}", 11), (5_000_000, "{}", 5_000_000)]
+    assert claims._conditions([r[0] for r in far], ranged=True) == [
+        ("local_id BETWEEN %s AND %s", [5, 5_000_000])]
+    target = TargetRows()
+    target.objects[(SHARDS[0], "pins")] = far
+    found = claims.survey(router, target, ranged=True)
+    assert dict(found.held) == {}
+    assert found.taken == {11: f"shard {SHARDS[0]} local_id 11 holds legacy 99"}

@@ -45,3 +45,14 @@ def test_a_killed_master_leaves_the_slave_with_what_it_had_received():
             pair.master.sql("SELECT 1")
     finally:
         pair.stop()
+
+
+def test_a_private_server_keeps_its_temporary_files_in_its_own_directory():
+    """Not in /tmp, which every process on the machine shares: a benchmark's server lost a
+    sort file there mid-run ('Error on delete of ...', errno 2) and failed its chunk."""
+    server = PrivateMariaDB.start_binlog()
+    try:
+        tmpdir = server.sql("SELECT @@tmpdir")[0][0]
+        assert tmpdir.rstrip("/") == str(server.datadir.parent)
+    finally:
+        server.stop()

@@ -94,9 +94,10 @@ class LegacyReader:
         finally:
             conn.close()
 
-    def _aggregate(self, sql: str, plain: str, params: tuple) -> tuple[list[list], int]:
+    def _aggregate(self, sql: str, plain: str, params: tuple) -> tuple[list[dict], int]:
         """One aggregated JSON value decoded by orjson in C (PyMySQL decodes each row packet
-        in Python); if it came back NULL or cut at ``group_concat_max_len``, row by row."""
+        in Python), each row a JSON object (the row's dict is built in C too); if it came
+        back NULL or cut at ``group_concat_max_len``, row by row."""
         (agg, n), = self.query(sql, params)
         if n and agg is not None:
             try:
@@ -122,11 +123,10 @@ class LegacyReader:
         while True:
             cond, args = (where, params) if not after else (
                 f"({where}) AND {_after(table.key)}", params + _after_args(after))
-            plain = (f"SELECT JSON_ARRAY({_cols(cols)}) j FROM `{table.name}` WHERE {cond} "
+            plain = (f"SELECT {_object(cols)} j FROM `{table.name}` WHERE {cond} "
                      f"ORDER BY {_cols(table.key)} LIMIT {AGG_ROWS}")
-            batch, n = self._aggregate(f"SELECT JSON_ARRAYAGG(j), COUNT(*) FROM ({plain}) x",
-                                       plain, args)
-            page = [dict(zip(cols, r, strict=True)) for r in batch]
+            page, n = self._aggregate(f"SELECT JSON_ARRAYAGG(j), COUNT(*) FROM ({plain}) x",
+                                      plain, args)
             out += page
             if n < AGG_ROWS:
                 return sorted(out, key=key_of)
@@ -152,13 +152,11 @@ class LegacyReader:
         out: dict[int, dict] = {}
         for part in _id_batches(wanted):
             where = f"id IN ({','.join(['%s'] * len(part))})"
-            plain = f"SELECT JSON_ARRAY({_cols(cols)}) FROM `{table.name}` WHERE {where}"
-            batch, _ = self._aggregate(f"SELECT JSON_ARRAYAGG(JSON_ARRAY({_cols(cols)})), "
+            plain = f"SELECT {_object(cols)} FROM `{table.name}` WHERE {where}"
+            batch, _ = self._aggregate(f"SELECT JSON_ARRAYAGG({_object(cols)}), "
                                        f"COUNT(*) FROM `{table.name}` WHERE {where}", plain,
                                        tuple(part))
-            for r in batch:
-                row = dict(zip(cols, r, strict=True))
-                out[row["id"]] = row
+            out.update((row["id"], row) for row in batch)
         return out
 
     def count(self, table: LegacyTable) -> int:
@@ -188,6 +186,12 @@ def _after_args(last: tuple) -> tuple:
 
 def _cols(cols: Iterable[str]) -> str:
     return ", ".join(f"`{c}`" for c in cols)
+
+
+def _object(cols: Iterable[str]) -> str:
+    """``JSON_OBJECT`` of the columns, each under its own name (names from the spec)."""
+    pairs = ", ".join(f"'{c}', `{c}`" for c in cols)
+    return f"JSON_OBJECT({pairs})"
 
 
 def cut_ranges(groups: Iterable[tuple[int, int]], chunk_rows: int

@@ -283,7 +283,7 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
         return converge.changed(rows, before, ids.TYPES[spec.type_name]) \
             if spec.is_object else rows
     writing = writes(target)
-    found = claims.survey(router, writing)
+    found = claims.survey(router, writing, ranged=sel.values is None)
     if found.taken:  # a corrupted target: those rows write nothing at all
         bad += [(table, legacy_key(spec, r), claims.TAKEN, found.taken[r["id"]])
                 for r, _ in good if r["id"] in found.taken]

@@ -108,7 +108,8 @@ class Resolver:
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
         """Take a chunk's own rows, fetch everything they reference, and judge every object
-        fetched (a parent of a row rejected for its own fields is remembered too).
+        fetched (a parent of a row rejected for its own fields is remembered too). The
+        chunk's own rows are left to the caller, who judges each of them next.
 
         Own rows are judged as read now: a verdict remembered from when an earlier chunk
         fetched the row as a parent is forgotten (the row may have changed since, and a
@@ -121,8 +122,10 @@ class Resolver:
             self.rows[table.name].update(zip(own, rows, strict=True))
         self._fetch_refs(table, rows)
         for name, fetched in self.rows.items():
-            for row in fetched.values():
-                self.judge(SPEC[name], row)
+            if name != table.name:
+                spec = SPEC[name]
+                for row in fetched.values():
+                    self.judge(spec, row)
 
     def _fetch_refs(self, table: LegacyTable, rows: list[dict]) -> None:
         for ref in table.refs:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 
-_EPOCH = dt.datetime(1970, 1, 1)
-_SECOND = dt.timedelta(seconds=1)
+_EPOCH_DAY = dt.date(1970, 1, 1).toordinal()
 
 
 @functools.lru_cache(maxsize=1 << 17)
@@ -19,7 +18,10 @@ def parse(text: str) -> tuple[str, int] | None:
         value = dt.datetime.fromisoformat(text).replace(tzinfo=None)
     except ValueError:
         return None
-    seconds = (value - _EPOCH) // _SECOND
+    # whole days and seconds of the day (the microseconds only ever round down): a
+    # timedelta's floor division costs three times the parse itself
+    seconds = ((value.toordinal() - _EPOCH_DAY) * 86400 + value.hour * 3600
+               + value.minute * 60 + value.second)
     if len(text) == 19 and text[10] == " ":  # MariaDB's DATETIME text: no re-formatting
         return f"{text[:10]}T{text[11:]}Z", seconds
     return value.strftime("%Y-%m-%dT%H:%M:%SZ"), seconds

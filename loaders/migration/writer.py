@@ -215,12 +215,14 @@ def write_shards(router: Router, token: FenceToken | None, rows: TargetRows,
 def _mod_statements(conn, b: int, table: str, rows: list[tuple]) -> list[str]:
     cols, tail = MOD_UPSERT[table]
     q = mod_table(b, table)
-    if table == "legacy_id_map":
-        values = [f"({t},{legacy},{new})" for t, legacy, new in sorted(rows)]
+    rows = sorted(rows)
+    parts = [rows[i:i + BATCH] for i in range(0, len(rows), BATCH)]
+    if table == "legacy_id_map":  # three integers a row: one %-format in C, not a string each
+        values = [",".join(["(%d,%d,%d)"] * len(p)) % tuple(chain.from_iterable(p))
+                  for p in parts]
     else:
-        values = [f"({conn.escape(key)},{int(uid)})" for key, uid in sorted(rows)]
-    return [f"INSERT INTO {q} {cols} VALUES {','.join(values[i:i + BATCH])} {tail}"
-            for i in range(0, len(values), BATCH)]
+        values = [",".join(f"({conn.escape(key)},{int(uid)})" for key, uid in p) for p in parts]
+    return [f"INSERT INTO {q} {cols} VALUES {v} {tail}" for v in values]
 
 
 def write_mod(router: Router, rows: TargetRows, token: FenceToken | None = None) -> None:
