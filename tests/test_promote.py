@@ -46,12 +46,7 @@ def test_kill_the_master_promote_the_slave_and_keep_writing(doomed_pair, server_
                                                             tmp_path):
     pair = doomed_pair
     path, env = _pair_map(doomed_pair, server_b, farm_env, tmp_path)
-    router = Router(ShardMapSource(path, interval=0))
-    store = ObjectStore(router)
-    for s in range(RANGE[0], RANGE[1] + 1):
-        create_shard(router, router.shardmap.master(s), s)
-    written = [store.create(RANGE[i % 2], "user", {"n": i}) for i in range(20)]
-    pair.wait_caught_up()
+    router, store, written = _seeded(pair, path, 20)
     pair.slave.sql("STOP SLAVE SQL_THREAD")  # the slave receives but does not apply
     written += [store.create(RANGE[0], "user", {"n": i}) for i in range(20, 25)]
     sent = pair.master.sql("SELECT @@gtid_binlog_pos")[0][0]
@@ -94,13 +89,14 @@ def test_a_refused_promotion_leaves_a_live_master_writable(doomed_pair, server_b
     assert json.loads(path.read_text())["version"] == 1
 
 
-def _seeded(pair, path) -> tuple[Router, ObjectStore, list[int]]:
-    """Shards of RANGE on the pair's master with rows in them, applied by the slave."""
+def _seeded(pair, path, rows: int = 10) -> tuple[Router, ObjectStore, list[int]]:
+    """Shards of RANGE on the pair's master with ``rows`` users in them, applied by the
+    slave."""
     router = Router(ShardMapSource(path, interval=0))
     store = ObjectStore(router)
     for s in range(RANGE[0], RANGE[1] + 1):
         create_shard(router, router.shardmap.master(s), s)
-    written = [store.create(RANGE[i % 2], "user", {"n": i}) for i in range(10)]
+    written = [store.create(RANGE[i % 2], "user", {"n": i}) for i in range(rows)]
     pair.wait_caught_up()
     return router, store, written
 
