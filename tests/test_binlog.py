@@ -29,9 +29,13 @@ def test_unnamed_row_images_are_named_and_unsigned_by_the_legacy_schema():
 
 def test_changes_cascade_only_when_a_judged_column_changes():
     c = Changes()
-    c.add("users", {"id": 1, "username": "a", "email": "x", "created_at": "2015-01-01"},
-          {"id": 1, "username": "a", "email": "y", "created_at": "2015-01-01"})
-    assert c.keys["users"] == {1} and not c.roots["users"]  # an e-mail: no dependents
+    c.add("users", {"id": 1, "username": "a", "full_name": "x", "created_at": "2015-01-01"},
+          {"id": 1, "username": "a", "full_name": "y", "created_at": "2015-01-01"})
+    assert c.keys["users"] == {1} and not c.roots["users"]  # a full name: no dependents
+    judged = Changes()  # an e-mail is judged (too long for its lookup key): dependents too
+    judged.add("users", {"id": 1, "username": "a", "email": "x", "created_at": "2015-01-01"},
+               {"id": 1, "username": "a", "email": "y", "created_at": "2015-01-01"})
+    assert judged.roots["users"] == {1}
     c.add("users", {"id": 2, "username": "b", "created_at": "2015-01-01"},
           {"id": 2, "username": None, "created_at": "2015-01-01"})
     c.add("boards", None, {"id": 9, "user_id": 2, "created_at": None})
