@@ -97,3 +97,9 @@ class StaleMapError(RetryableError):
 class ShardFrozenError(RetryableError):
     """The shard is frozen for a moment while it moves to another server: try again shortly
     (the write then goes to the shard's new home)."""
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of ``exc``'s message (its class name when it has none), at most
+    ``limit`` characters: a cause quoted inside another one-line error."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import pymysql.cursors
 
-from shardfarm.errors import FarmError, FatalError, StaleStateError, UsageError
+from shardfarm.errors import FarmError, FatalError, StaleStateError, UsageError, first_line
 from shardfarm.mysql.dsn import Host
 from sharding.mappublish import amend
 from sharding.router import Router
@@ -198,7 +198,7 @@ def _incomplete(host: str, accept_loss: bool, step: str, exc: FarmError
                 ) -> PromoteIncompleteError:
     """One line: what the promote left half done, and what to do now."""
     again = f"farm shards promote {host}{' --accept-loss' if accept_loss else ''}"
-    reason = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+    reason = first_line(exc)
     if step == "make":
         return PromoteIncompleteError(f"promote of {host} stopped while making it master "
                                       f"({reason}); run '{again}' again to finish")

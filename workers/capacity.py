@@ -17,7 +17,7 @@ from jobs.runtime import Runtime
 from loaders.capacity import copy as capcopy
 from loaders.capacity import move as capmove
 from loaders.capacity.movelock import MoveLock, moving
-from shardfarm.errors import FatalError
+from shardfarm.errors import FatalError, first_line
 from sharding.schema import shard_db
 from workers.launch import Notice, _silent, warn_without_workers
 
@@ -155,17 +155,13 @@ def _flip(rt: Runtime, p: capmove.MovePlan, notice: Notice) -> int:
         landed = capmove.flip_landed(spec, p, timeout)
         if landed is None:
             raise FatalError(f"the map flip of shards {p.lo}-{p.hi} may or may not have "
-                             f"landed ({_first_line(exc)}) and the map cannot be read now: "
+                             f"landed ({first_line(exc, 200)}) and the map cannot be read now: "
                              "their source copies stay frozen; run the same move again") from None
         if not landed:
             capmove.freeze(rt.router, p, False)
             raise
-        notice(f"the map flip's answer was lost ({_first_line(exc)}), but it landed")
+        notice(f"the map flip's answer was lost ({first_line(exc, 200)}), but it landed")
         return p.version + 1
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float,
