@@ -8,6 +8,7 @@ bad.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from farmcore.syncstate import hold
@@ -41,6 +42,13 @@ def _delete(cur, run_id: str, rows: set[tuple[str, str]]) -> None:
                         "AND legacy_key = %s", [(run_id, t, k) for t, k in sorted(rows)])
 
 
+def _insert(executemany: Callable[[str, list], object], params: list[tuple]) -> None:
+    """Insert (or update) quarantine rows ``BATCH`` a statement, through a cursor's or the
+    pool's ``executemany``."""
+    for i in range(0, len(params), BATCH):
+        executemany(INSERT, params[i:i + BATCH])
+
+
 def _hold_chunk(cur, lease: Lease) -> None:
     """Inside a control-database transaction: share-lock the chunk's ledger row and raise
     ``FencedError`` unless ``lease`` is still current (until commit, no claim can bump it)."""
@@ -71,8 +79,7 @@ class Quarantine:
             cur.execute(CHUNK_ROWS, (lease.run_id, lease.chunk_id))
             gone = set(cur.fetchall()) - {(t, k) for t, k, *_ in rows}
             _delete(cur, lease.run_id, gone)
-            for i in range(0, len(params), BATCH):
-                cur.executemany(INSERT, params[i:i + BATCH])
+            _insert(cur.executemany, params)
         self.pool.run(tx, transaction=True)
 
     def replace(self, run_id: str, table: str, keys: list[str], rows: list[BadRow],
@@ -96,20 +103,15 @@ class Quarantine:
         if fence is None:
             for sql, args in deletes:
                 self.pool.execute(sql, args)
-            self._insert(params)
+            _insert(self.pool.executemany, params)
             return
 
         def tx(cur) -> None:
             hold(cur, fence)
             for sql, args in deletes:
                 cur.execute(sql, args)
-            for i in range(0, len(params), BATCH):
-                cur.executemany(INSERT, params[i:i + BATCH])
+            _insert(cur.executemany, params)
         self.pool.run(tx, transaction=True)
-
-    def _insert(self, params: list[tuple]) -> None:
-        for i in range(0, len(params), BATCH):
-            self.pool.executemany(INSERT, params[i:i + BATCH])
 
     def rows(self, run_id: str, limit: int | None = None) -> list[dict]:
         """Quarantined rows of a run: table, legacy key, reason, detail."""
