@@ -81,8 +81,8 @@ def moving(pool: Pool, lo: int, hi: int) -> Iterator[MoveLock]:
     """Hold the move lock of every shard ``lo..hi`` for the block (``MoveInProgressError``
     if another move holds one); the block gets the ``MoveLock`` to check it still does."""
     with pool.connection() as conn, conn.cursor() as cur:
-        for shard in range(lo, hi + 1):
-            name = lock_name(pool.database, shard)
+        lock = MoveLock(cur, pool.database, lo, hi)
+        for shard, name in zip(range(lo, hi + 1), lock.names, strict=True):
             cur.execute("SELECT GET_LOCK(%s, 0), IS_USED_LOCK(%s)", (name, name))
             got, holder = cur.fetchone()
             if got != 1:
@@ -91,8 +91,8 @@ def moving(pool: Pool, lo: int, hi: int) -> Iterator[MoveLock]:
                     f"database connection {holder}); nothing done: wait until it ends, then "
                     "run this again")
         cur.execute("SET SESSION wait_timeout = %s", (LOCK_IDLE_TIMEOUT,))
-        yield MoveLock(cur, pool.database, lo, hi)  # an error in the block closes the
-        try:                                         # connection, and the locks go with it
+        yield lock  # an error in the block closes the connection, and the locks go with it
+        try:
             cur.execute("SELECT RELEASE_ALL_LOCKS()")
             cur.execute("SET SESSION wait_timeout = %s", (pools.IDLE_TIMEOUT,))
         except pymysql.MySQLError:  # the connection dropped: the locks went with it
