@@ -11,11 +11,16 @@ import zlib
 import pytest
 import redis
 
+from dashboard.actions import Guard
+from dashboard.app import create_app
 from farmcore import keys
+from farmcore.ledger import ChunkSpec
 from jobs import accounting, enqueue_many, runtime
 from jobs.queue import rq_queue
+from tests.conftest import run_farm
 from tests.farmkit import start_workers, stop
 from workers import maintenance
+from workers.metrics import SupervisorMetrics, report_job
 
 Q = "fq"
 ITEMS = [{"key": f"k{i}", "value": i} for i in range(5)]
@@ -147,3 +152,68 @@ def test_a_failed_job_whose_resume_point_is_garbage_records_every_item(conn, val
     assert sorted(failed) == [f"k{i}" for i in range(5)]
     assert int(conn.get(keys.items_queued(Q))) == 0 and accounting.in_flight(conn, Q) == {}
     assert registry.count == 0 and conn.hlen(keys.job_items(Q)) == 0
+
+
+FORGED_RECORDS = {b"not json": b"{", b"a list": b"[1, 2]", b"no fields": b'{"a": 1}',
+                  b"\xff\xfe": b"\xff", b"job:evil": b'{"function": 7}'}
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
+def test_status_failed_and_retry_answer_whatever_their_keys_hold(env, conn, rt):
+    """``farm status``, ``farm failed``, ``farm retry-failed`` and the dashboard (before: a
+    traceback on a throttle reason or failure record that is not the farm's, a Redis error
+    line on a counter or record hash of another type)."""
+    _enqueue(conn)
+    conn.set(keys.items_queued(Q), "lots")
+    conn.hset(keys.failed_items(Q), mapping=FORGED_RECORDS)
+    run_id = rt.ledger.create_run("test", Q, {"handler": "tests.kinds.write_edges"},
+                                  [ChunkSpec("edges", {"shard": 1, "start": 0, "count": 1})])
+    conn.set(keys.throttle(run_id), b"\xff" * 500)
+    conn.sadd("rq:queues", "rq:queue:fq2")
+    conn.set(keys.items_queued("fq2"), "x")  # another queue: its hashes of another type
+    conn.rpush(keys.failed_items("fq2"), "x")
+    conn.set(keys.supervisors(), "not a hash")
+    done = run_farm(env, "status", "--json", "--run", run_id)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    view = json.loads(done.stdout)
+    assert view["queues"][Q]["items"] == 0 and view["queues"][Q]["failed_items"] == 5
+    assert view["queues"]["fq2"]["failed_items"] == 0
+    assert view["runs"][0]["throttled"].startswith("\ufffd")
+    done = run_farm(env, "failed", "--json")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sum("unreadable failure record" in r["last_error"] for r in lines) == 5
+    done = run_farm(env, "retry-failed")
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.count("its failure record is not the farm's") == 5, done.stderr
+    client = create_app(rt, Guard(allow=False)).test_client()
+    for page in ("/", "/metrics"):
+        answer = client.get(page)
+        assert answer.status_code == 200, page
+    assert "\ufffd" * 10 in client.get("/").get_data(as_text=True)
+
+
+@pytest.mark.parametrize("value", ["hash", b"text"])
+def test_a_job_timings_key_of_another_type_stops_no_worker_nor_supervisor(conn, monkeypatch,
+                                                                         value):
+    """A worker pushes a record per job it ends onto its supervisor's list, which drains it
+    every tick: before, WRONGTYPE stopped the worker after its job (and the next, and the
+    next) and the supervisor at its next tick."""
+    key = keys.job_timings("test:1")
+    forge(conn, key, value)
+    monkeypatch.setenv("FARM_METRICS_KEY", key)
+    report_job(conn, Q, "finished", 0.5)  # skipped, not raised
+    metrics = SupervisorMetrics("h", key)
+    assert metrics.drain(conn) == 0 and not conn.exists(key)
+    report_job(conn, Q, "finished", 0.5)
+    assert metrics.drain(conn) == 1
+
+
+@pytest.mark.parametrize("value", [b"text", "list"])
+def test_a_supervisors_key_of_another_type_stops_no_supervisor(env, conn, value):
+    """Before: the supervisor's heartbeat raised WRONGTYPE, and it stopped with a traceback
+    before its workers took a job."""
+    forge(conn, keys.supervisors(), value)
+    _enqueue(conn)
+    _drain(env)
+    _books_closed(conn)
