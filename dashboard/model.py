@@ -145,7 +145,7 @@ class Reader:
             return
         why = self.rt.redis.mget([keys.throttle(c.row["run_id"]) for c in cards])
         for card, reason in zip(cards, why, strict=True):
-            card.throttled = reason.decode() if reason else None
+            card.throttled = status.throttle_text(reason)
 
     def workers(self, active: list[RunCard]) -> dict[str, dict]:
         """Per host: the supervisors' desired count and each worker with what it is doing

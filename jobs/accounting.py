@@ -48,25 +48,71 @@ DEDUP_BUCKETS = 1 << 16
 MAX_RECORD_ARGS = 4000  # bytes of arguments kept in a failure record
 JOB_PREFIX = FarmJob.redis_job_namespace_prefix
 
+# Keys read back as what the farm writes there; whatever else anyone wrote is read as nothing,
+# and dropped before the first write (never a script that fails half way: Redis keeps the
+# writes before an error, so an item would be queued uncounted, or settled unrecorded).
+# holder: the job an item's dedup entry names (nil: none, or the bucket is not a hash);
+# hashes: each key that is not a hash (it holds no entry) is deleted; counter: the
+# items-queued counter as INCRBY/DECRBY take it, else deleted (it starts again from 0).
+_SAFE = b"""
+local function holder(bucket, id)
+  if redis.call('TYPE', bucket).ok ~= 'hash' then return nil end
+  return redis.call('HGET', bucket, id)
+end
+local function hashes(...)
+  for _, key in ipairs({...}) do
+    local t = redis.call('TYPE', key).ok
+    if t ~= 'none' and t ~= 'hash' then redis.call('DEL', key) end
+  end
+end
+local function counter(key)
+  local t = redis.call('TYPE', key).ok
+  if t == 'none' then return end
+  local v = t == 'string' and redis.call('GET', key) or ''
+  if #v > 15 or not string.match(v, '^%-?%d+$') then redis.call('DEL', key) end
+end
+"""
+
+# A job's entry in keys.job_items and its progress as numbers; nil when what is stored is not
+# a count (whoever can write to Redis must not make a script fail on it for good). A resume
+# point that is not a string, not a count, or past the job's items is 0: the items run again
+# (they are idempotent), never skipped unrecorded.
+_COUNT = b"""
+local function count(v)
+  local x = tonumber(v)
+  if x and x >= 0 and x < 2 ^ 53 and x == math.floor(x) then return x end
+  return nil
+end
+local function resume_point(key, limit)
+  if redis.call('TYPE', key).ok ~= 'string' then return 0 end
+  local x = count(redis.call('GET', key))
+  if x and x <= limit then return x end
+  return 0
+end
+""" + _SAFE
+
 # KEYS: counter, failed items, jobs holding items. ARGV: job id, rq job key prefix, items to
 # count, holder (the job the items come from, or ''), n ids, (dedup bucket, id) per id, n
 # commands, then per command: argc, args... An item is a duplicate while a live job (a hash)
 # other than the holder carries it; otherwise its entry (re)points to the new job. Nothing is
 # written if any is a duplicate.
-_COMMIT = Script(None, b"""
-local jid, prefix, holder = ARGV[1], ARGV[2], ARGV[4]
+_COMMIT = Script(None, _SAFE + b"""
+local jid, prefix, from = ARGV[1], ARGV[2], ARGV[4]
 local n = tonumber(ARGV[5])
 local dups = {}
 for i = 1, n do
+  hashes(ARGV[4 + 2 * i])
   local h = redis.call('HGET', ARGV[4 + 2 * i], ARGV[5 + 2 * i])
-  if h and h ~= holder and redis.call('TYPE', prefix .. h).ok == 'hash' then
+  if h and h ~= from and redis.call('TYPE', prefix .. h).ok == 'hash' then
     dups[#dups + 1] = ARGV[5 + 2 * i]
   end
 end
 if #dups > 0 then return dups end
+counter(KEYS[1])
+hashes(KEYS[2], KEYS[3])
 for i = 1, n do
   redis.call('HSET', ARGV[4 + 2 * i], ARGV[5 + 2 * i], jid)
-  if holder == '' then redis.call('HDEL', KEYS[2], ARGV[5 + 2 * i]) end
+  if from == '' then redis.call('HDEL', KEYS[2], ARGV[5 + 2 * i]) end
 end
 local p = 6 + 2 * n
 for c = 1, tonumber(ARGV[p]) do
@@ -85,14 +131,16 @@ return {}
 # were settled or reaped meanwhile, cannot count twice. The progress has no expiry: it lives
 # exactly as long as the job's entry (whatever removes the entry, the end of advance, settle
 # or reap, deletes it), however long the job waits half done.
-_ADVANCE = Script(None, b"""
+_ADVANCE = Script(None, _COUNT + b"""
 if redis.call('TYPE', KEYS[3]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[3], 'farm_done') == 1
+    or redis.call('TYPE', KEYS[4]).ok ~= 'hash'
     or redis.call('HEXISTS', KEYS[4], ARGV[1]) == 0 then
   return 0
 end
-local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+local cur = resume_point(KEYS[1], tonumber(ARGV[3]))
 local new = tonumber(ARGV[2])
 if new <= cur then return 0 end
+counter(KEYS[2])
 redis.call('DECRBY', KEYS[2], new - cur)
 if new >= tonumber(ARGV[3]) then
   redis.call('DEL', KEYS[1])
@@ -102,22 +150,10 @@ else
   redis.call('SET', KEYS[1], new)
 end
 for i = 4, #ARGV, 2 do
-  if redis.call('HGET', ARGV[i], ARGV[i + 1]) == ARGV[1] then
-    redis.call('HDEL', ARGV[i], ARGV[i + 1])
-  end
+  if holder(ARGV[i], ARGV[i + 1]) == ARGV[1] then redis.call('HDEL', ARGV[i], ARGV[i + 1]) end
 end
 return new - cur
 """)
-
-# A job's entry in keys.job_items and its progress as numbers; nil when what is stored is not
-# a count (whoever can write to Redis must not make a script fail on it for good).
-_COUNT = b"""
-local function count(v)
-  local x = tonumber(v)
-  if x and x >= 0 and x < 2 ^ 53 and x == math.floor(x) then return x end
-  return nil
-end
-"""
 
 # KEYS: rq failed registry, progress, counter, failed items, rq job, jobs holding items.
 # ARGV: job id, n item records, (dedup bucket, id, record) per item in order, then (id,
@@ -129,10 +165,12 @@ end
 # left as it is).
 _SETTLE = Script(None, _COUNT + b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+hashes(KEYS[4], KEYS[6])
+counter(KEYS[3])
 local n = tonumber(ARGV[2])
 local entry = redis.call('HGET', KEYS[6], ARGV[1])
 local total = entry and (count(entry) or n) or -1
-local cur = count(redis.call('GET', KEYS[2])) or 0
+local cur = resume_point(KEYS[2], n)
 local job = redis.call('TYPE', KEYS[5]).ok == 'hash'
 if total >= 0 then
   if total > cur then redis.call('DECRBY', KEYS[3], total - cur) end
@@ -145,7 +183,7 @@ if job then redis.call('HSET', KEYS[5], 'farm_done', 1) end
 for i = cur + 1, n do
   local bucket, id = ARGV[3 * i], ARGV[1 + 3 * i]
   redis.call('HSET', KEYS[4], id, ARGV[2 + 3 * i])
-  if redis.call('HGET', bucket, id) == ARGV[1] then redis.call('HDEL', bucket, id) end
+  if holder(bucket, id) == ARGV[1] then redis.call('HDEL', bucket, id) end
 end
 for i = 3 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return 1
@@ -187,10 +225,10 @@ return {lost, named}
 """)
 # ARGV: rq job key prefix, (dedup bucket, id) pairs. Per item: '' no job carries it, '+' a
 # live job (a hash) carries it, else the ID of the job its entry names, which is not a hash.
-_HOLDS = Script(None, b"""
+_HOLDS = Script(None, _SAFE + b"""
 local out = {}
 for i = 2, #ARGV, 2 do
-  local h = redis.call('HGET', ARGV[i], ARGV[i + 1])
+  local h = holder(ARGV[i], ARGV[i + 1])
   if not h then out[#out + 1] = ''
   elseif redis.call('TYPE', ARGV[1] .. h).ok == 'hash' then out[#out + 1] = '+'
   else out[#out + 1] = h end
@@ -272,9 +310,16 @@ def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: in
         args=[job_id, progress, total, *buckets(queue, released)], client=conn))
 
 
-def progress(conn: redis.Redis, job_id: str) -> int:
-    """How many of a job's items are behind its resume point."""
-    return int(conn.get(keys.item_progress(job_id)) or 0)
+def progress(conn: redis.Redis, job_id: str, total: int) -> int:
+    """How many of a job's ``total`` items are behind its resume point: 0 when what is stored
+    is not a count of at most ``total`` (whatever was written into Redis: the items run
+    again, they are idempotent; a resume point past them would skip them unrecorded)."""
+    try:
+        raw = conn.get(keys.item_progress(job_id))
+    except redis.ResponseError:  # not a string: the job's next checkpoint replaces it
+        return 0
+    text = (raw or b"0").strip()
+    return int(text) if text.isdigit() and len(text) < 16 and int(text) <= total else 0
 
 
 def settle(conn: redis.Redis, queue: str, failed_registry: str, job_id: str,

@@ -41,7 +41,7 @@ def run_items(function: str, items: list[list]) -> dict:
     """Run every item not yet done; returns counts of done, deferred and failed items."""
     job = get_current_job()
     conn, queue = job.connection, job.origin
-    start = accounting.progress(conn, job.id)
+    start = accounting.progress(conn, job.id, len(items))
     counts = {"done": 0, "deferred": 0, "failed": 0, "skipped": start}
     try:
         fn = runtime.get().policy.load_item(function)

@@ -89,6 +89,16 @@ def _carried(conn: redis.Redis, queue: str, job_id: str) -> list[str]:
     return holders(conn, queue, {job_id}).get(job_id, [])
 
 
+def _record(raw: bytes) -> dict:
+    """A failure record as ``accounting.failure`` writes it; ``{}`` for anything else (whatever
+    was written into Redis: kept, never run)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) and isinstance(doc.get("function"), str) else {}
+
+
 def retry_failed(conn: redis.Redis, queue: str, policy: JobPolicy) -> tuple[int, list[str]]:
     """Enqueue every failed item of ``queue`` again, under its own ID; returns how many, and
     why others stay (a function not allowed here, a whole foreign job, truncated arguments).
@@ -96,10 +106,15 @@ def retry_failed(conn: redis.Redis, queue: str, policy: JobPolicy) -> tuple[int,
     Each item's failure record is removed in the same step that queues it again."""
     by_function: dict[str, list[list]] = defaultdict(list)
     kept: list[str] = []
-    for raw_id, raw in conn.hgetall(keys.failed_items(queue)).items():
-        item, doc = raw_id.decode(), json.loads(raw)
+    try:
+        records = conn.hgetall(keys.failed_items(queue))
+    except redis.ResponseError:  # not a hash (written into Redis): it holds no record
+        return 0, [f"queue {queue}: {keys.failed_items(queue)} is not the farm's (not a hash)"]
+    for raw_id, raw in records.items():
+        item, doc = raw_id.decode(errors="replace"), _record(raw)
         fn, kwargs = doc.get("function"), doc.get("kwargs")
-        why = ("a whole job, not a farm item" if item.startswith("job:") else
+        why = ("its failure record is not the farm's" if not doc else
+               "a whole job, not a farm item" if item.startswith("job:") else
                "its arguments were lost with its job" if kwargs is None else
                "its arguments were too large to keep" if not isinstance(kwargs, dict)
                or "_truncated" in kwargs else policy.item_refusal(fn))

@@ -56,13 +56,35 @@ def kind_view(k: dict) -> dict:
 def run_view(rt: Runtime, run_id: str) -> dict:
     """One run: status, pause/throttle state and per-kind progress."""
     run = rt.ledger.run(run_id)
-    throttled = rt.redis.get(keys.throttle(run_id))
     return {"run_id": run_id, "kind": run["kind"], "status": run["status"],
             "paused": run["paused"], "queue": run["queue"],
-            "throttled": throttled.decode() if throttled else None,
+            "throttled": throttle_text(_read(rt.redis.get, keys.throttle(run_id))),
             "created_at": run["created_at"].isoformat(timespec="seconds"),
             "kinds": [kind_view(k) for k in rt.ledger.progress(run_id)],
             "progress": read_progress(rt.ledger, run_id).as_dict()}
+
+
+def _read(command, key: str, default: object = None) -> object:
+    """``command(key)``, or ``default`` when the key holds another type (whatever was written
+    into Redis: a status view shows what it can, never dies on it)."""
+    try:
+        return command(key)
+    except redis.ResponseError:
+        return default
+
+
+def throttle_text(raw: bytes | None) -> str | None:
+    """Why a run is throttled, as ``jobs.throttle`` wrote it (bytes that are not UTF-8, or a
+    long text, written by anyone: shown replaced and cut)."""
+    return raw.decode(errors="replace")[:200] if raw else None
+
+
+def read_count(conn: redis.Redis, key: str) -> int:
+    """A counter such as ``keys.items_queued``; 0 when it holds anything but an integer
+    (the next script that changes it starts it again from 0)."""
+    raw = _read(conn.get, key) or b"0"
+    text = raw.strip().removeprefix(b"-")
+    return int(raw) if text.isdigit() and len(text) <= 15 else 0
 
 
 def read_workers(conn: redis.Redis) -> tuple[list[Worker], int]:
@@ -106,7 +128,7 @@ def read_supervisors(conn: redis.Redis) -> list[dict]:
     seconds; stale ones are deleted, and entries that are not a supervisor's (whatever was
     written into Redis) skipped, never an error."""
     out, now = [], time.time()
-    for me, raw in conn.hgetall(keys.supervisors()).items():
+    for me, raw in _read(conn.hgetall, keys.supervisors(), {}).items():
         doc = _supervisor(raw)
         if doc is None:
             continue
@@ -141,11 +163,10 @@ def queues_view(rt: Runtime) -> dict:
     """Per queue: rq jobs waiting, items they carry, scheduled and failed jobs."""
     out = {}
     for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
-        items = rt.redis.get(keys.items_queued(q.name))
-        out[q.name] = {"jobs": q.count, "items": int(items or 0),
+        out[q.name] = {"jobs": q.count, "items": read_count(rt.redis, keys.items_queued(q.name)),
                        "scheduled": ScheduledJobRegistry(queue=q).count,
                        "failed_jobs": FailedJobRegistry(queue=q).count,
-                       "failed_items": rt.redis.hlen(keys.failed_items(q.name))}
+                       "failed_items": _read(rt.redis.hlen, keys.failed_items(q.name), 0)}
     return out
 
 
@@ -169,10 +190,25 @@ def failed_items(rt: Runtime) -> list[dict]:
     """Items (and foreign jobs) that stopped trying, in the shape ``farm failed`` prints."""
     out = []
     for q in Queue.all(connection=rt.redis, serializer=JSONSerializer):
-        for item_id, raw in sorted(rt.redis.hgetall(keys.failed_items(q.name)).items()):
-            doc = json.loads(raw)
-            what = "job" if item_id.startswith(b"job:") else "item"
-            out.append({"where": f"queue {q.name} {what} {item_id.decode().removeprefix('job:')}",
-                        "kind": doc["function"], "attempts": doc["attempts"],
-                        "last_error": doc["error"], "args": doc["kwargs"]})
+        records = _read(rt.redis.hgetall, keys.failed_items(q.name), {})
+        for item_id, raw in sorted(records.items()):
+            name = item_id.decode(errors="replace")
+            what = "job" if name.startswith("job:") else "item"
+            out.append({"where": f"queue {q.name} {what} {name.removeprefix('job:')}",
+                        **failure_view(raw)})
     return out
+
+
+def failure_view(raw: bytes) -> dict:
+    """A ``farm failed`` record (``jobs.accounting.failure``) as ``farm failed`` shows it; one
+    that the farm did not write (whatever was written into Redis) says so."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict) or not {"function", "attempts", "error", "kwargs"} <= set(doc):
+        text = raw.decode(errors="replace")[:80]
+        return {"kind": "?", "attempts": 0, "args": None,
+                "last_error": f"unreadable failure record (not the farm's): {text!r}"}
+    return {"kind": str(doc["function"])[:200], "attempts": doc["attempts"],
+            "last_error": str(doc["error"])[:1000], "args": doc["kwargs"]}

@@ -87,7 +87,7 @@ def test_a_job_key_that_is_not_a_hash_is_no_job_not_a_crash(env, conn):
 def _housekeeping(rt) -> None:
     """One due round of the queue's housekeeping (the ledger's is left to other tests)."""
     rt.redis.delete(keys.leader("maintenance:queue:farm"))
-    rt.redis.set(keys.leader("maintenance:ledger"), "someone else", ex=60)
+    rt.redis.set(keys.leader("maintenance:ledger"), "someone else", ex=maintenance.LOCK_SECONDS)
     maintenance.run_once(rt, "test-owner", ["farm"])
 
 

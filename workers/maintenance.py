@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import redis
 from redis.client import Pipeline
+from redis.commands.core import Script
 from rq import Queue
 from rq.job_lifecycle import record_job_failure
 from rq.registry import clean_registries
@@ -50,6 +51,18 @@ REDISPATCH_SECONDS = 30
 REPEAT_SECONDS = 60.0
 MAX_TOPICS = 1000
 _said: dict[str, tuple[str, float]] = {}
+# KEYS[1]: a housekeeping lock; ARGV: owner, milliseconds. Takes it if free. A key there that
+# no housekeeper wrote (another type, no expiry, or one longer than the lock's own: whatever
+# was written into Redis) is taken over, or that housekeeping would never run again.
+_TAKE = Script(None, b"""
+local t = redis.call('TYPE', KEYS[1]).ok
+if t ~= 'none' then
+  local ttl = redis.call('PTTL', KEYS[1])
+  if t ~= 'string' or ttl < 0 or ttl > tonumber(ARGV[2]) then redis.call('DEL', KEYS[1]) end
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+""")
 
 
 def promote_scheduled(conn: redis.Redis, queue: Queue) -> int:
@@ -141,8 +154,7 @@ def redispatch_lost(rt: Runtime) -> int:
 
 def _redispatch_due(rt: Runtime, owner: str) -> int:
     """``redispatch_lost``, at most once every ``REDISPATCH_SECONDS`` farm-wide."""
-    if not rt.redis.set(keys.leader("maintenance:redispatch"), owner, nx=True,
-                        ex=REDISPATCH_SECONDS):
+    if not take_lock(rt.redis, "maintenance:redispatch", owner, REDISPATCH_SECONDS):
         return 0
     return redispatch_lost(rt)
 
@@ -153,6 +165,13 @@ def _queue_steps(rt: Runtime, name: str) -> list[Callable[[], object]]:
             lambda: settle_failed(rt.redis, name), lambda: lost.sweep(rt.redis, name)]
 
 
+def take_lock(conn: redis.Redis, name: str, owner: str, seconds: float) -> bool:
+    """Take the housekeeping lock ``keys.leader(name)`` for ``seconds`` if it is free (or holds
+    what no housekeeper wrote: see ``_TAKE``); whether this process took it."""
+    return bool(_TAKE(keys=[keys.leader(name)], args=[owner, int(seconds * 1000)],
+                      client=conn))
+
+
 def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:
     """One round of housekeeping for each of ``queues`` (and the ledger) whose lock this
     process wins; returns whether it did any."""
@@ -160,8 +179,7 @@ def run_once(rt: Runtime, owner: str, queues: list[str]) -> bool:
     ledger_steps = [lambda: expire_leases(rt), lambda: _redispatch_due(rt, owner)]
     for scope, steps in [*((f"queue:{q}", _queue_steps(rt, q)) for q in queues),
                          ("ledger", ledger_steps)]:
-        if not rt.redis.set(keys.leader(f"maintenance:{scope}"), owner, nx=True,
-                            ex=LOCK_SECONDS):
+        if not take_lock(rt.redis, f"maintenance:{scope}", owner, LOCK_SECONDS):
             continue
         did = True
         for i, step in enumerate(steps):

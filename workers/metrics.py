@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 from collections.abc import Iterable
 
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from jobs.status import read_workers
 from shardfarm.errors import ConfigError
 
+log = logging.getLogger(__name__)
 ENV_KEY = "FARM_METRICS_KEY"
 KEEP = 10_000          # records a list holds at most while nobody drains it
 KEY_TTL = 3600
@@ -37,7 +39,10 @@ def report_job(conn: redis.Redis, queue: str, outcome: str, seconds: float) -> N
     doc = json.dumps({"queue": queue, "outcome": outcome, "seconds": round(seconds, 6)})
     pipe = conn.pipeline(transaction=False)
     pipe.rpush(key, doc).ltrim(key, -KEEP, -1).expire(key, KEY_TTL)
-    pipe.execute()
+    try:
+        pipe.execute()
+    except redis.ResponseError:  # not a list (written into Redis): the supervisor replaces it
+        log.debug("job record not kept: %s is not a list", key)
 
 
 class SupervisorMetrics:
@@ -68,7 +73,11 @@ class SupervisorMetrics:
 
     def drain(self, conn: redis.Redis) -> int:
         """Move the workers' job records into the histogram; returns how many."""
-        records = conn.lpop(self.key, DRAIN) or []
+        try:
+            records = conn.lpop(self.key, DRAIN) or []
+        except redis.ResponseError:  # not a list (written into Redis): it holds no record
+            conn.delete(self.key)
+            return 0
         for raw in records:
             got = self._record(raw)
             if got is None:

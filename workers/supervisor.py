@@ -244,7 +244,12 @@ class Supervisor:
         doc = {"host": self.host, "pid": os.getpid(), "workers": len(self.alive()),
                "desired": self.desired, "queues": self.queues, "at": time.time(),
                "farm_id": self._farm_id}
-        self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
+        try:
+            self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
+        except redis.ResponseError:  # not a hash (written into Redis): it holds no heartbeat
+            log.warning("%s held no supervisors' heartbeats; replaced", keys.supervisors())
+            self.conn.delete(keys.supervisors())
+            self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
         if self.metrics:
             self.metrics.drain(self.conn)
             if time.monotonic() - self._observed > OBSERVE_EVERY:
