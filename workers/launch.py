@@ -169,9 +169,10 @@ def cron_scheduler(rt: Runtime, name: str, at: str, export_args: dict) -> schedu
     ``export_args``: ``{"dest", "tables", "from", "format"}`` of each export it starts.
     """
     scheduler.check_expression(at)
-    dump.check_tables(export_args["tables"])
+    tables = dump.check_tables(export_args["tables"])
     preflight(rt.settings, rt.router)
-    checked_destination(export_args.get("dest") or rt.settings.export_url)
+    checked_destination(export_args.get("dest") or rt.settings.export_url,
+                        [f"{t}/" for t in tables])  # each slot checks its dt= folders
     return scheduler.Scheduler(rt, name=name, at=at, export_args=export_args)
 
 
