@@ -130,6 +130,11 @@ class Destination(ABC):
     def check(self) -> None:
         """Fail with one line if the destination cannot be used (called before a run starts)."""
 
+    def check_folders(self, folders: list[str]) -> None:
+        """Fail with one line if one of ``folders`` (``users/dt=2026-11-21/``) cannot be made
+        (nothing by default: an S3 key needs no folder)."""
+        return None
+
 
 def open_destination(url: str, quick: bool = False) -> Destination:
     """The destination of ``s3://bucket/prefix`` or ``file:///abs/dir`` (checked as
@@ -144,15 +149,16 @@ def open_destination(url: str, quick: bool = False) -> Destination:
     return S3Destination(bucket, prefix.strip("/"), quick=quick)
 
 
-def checked_destination(url: str) -> Destination:
+def checked_destination(url: str, folders: list[str] | None = None) -> Destination:
     """The destination of ``url``, checked once as a status view looks (S3 calls wait
-    FARM_STATUS_TIMEOUT, not retried): what ``farm export`` plans with and ``farm cron``
-    checks when it starts. A destination that cannot be used is one line naming it (its
-    password hidden): a ``DestinationError`` if a later look may succeed, else a
-    ``ConfigError``."""
+    FARM_STATUS_TIMEOUT, not retried), with the ``folders`` a run will write
+    (``check_folders``): what ``farm export`` plans with and ``farm cron`` checks when it
+    starts. A destination that cannot be used is one line naming it (its password hidden):
+    a ``DestinationError`` if a later look may succeed, else a ``ConfigError``."""
     dest = open_destination(url, quick=True)
     try:
         dest.check()
+        dest.check_folders(list(folders or []))
     except FarmError as exc:
         error = DestinationError if isinstance(exc, RetryableError) else ConfigError
         raise error(f"export destination {redact_url(url)} cannot be used: {exc}") from None

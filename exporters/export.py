@@ -86,7 +86,8 @@ def plan(router: Router, date: str, dest_url: str, tables: list[str] | None = No
     fmt = formats.check_format(fmt)
     if role not in ROLES:
         raise UsageError(f"bad --from {role!r} (expected master or slave)")
-    dest = checked_destination(dest_url)  # the planner's look: FARM_STATUS_TIMEOUT
+    # the planner's look (FARM_STATUS_TIMEOUT), with the folders the run writes
+    dest = checked_destination(dest_url, [folder_of(t, date) for t in tables])
     runs = shard_runs(router, role, shards_per_chunk)
     chunks = [ChunkSpec(t, {"table": t, "shards": run}) for t in tables for run in runs]
     params = {"kinds": tables, "date": date, "dest": dest.url, "format": fmt, "from": role,

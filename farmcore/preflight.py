@@ -1,5 +1,5 @@
-"""Before a run starts: the control database exists with its tables, and the shards and mod
-buckets have theirs.
+"""Before a run starts: the shards and mod buckets have their tables, and the control
+database exists with its own (created last, so a refused command leaves nothing behind).
 
 A run started against a missing shard database would fail chunk by chunk on the workers;
 this check refuses it at once, with the command that fixes it.
@@ -35,14 +35,10 @@ def holds(router: Router, host: Host, db: str, table: str | None = None,
         return bool(cur.fetchone()[0])
 
 
-def preflight(settings: Settings, router: Router) -> None:
-    """Refuse to start when the control database or the shard databases are missing.
-
-    The control database and its tables are created when missing; the first and last shard
-    of each range of the map must already have their tables, and the first bucket of each
-    mod range its fences.
-    """
-    ensure_control(settings.control_dsn)
+def check_fleet(router: Router) -> None:
+    """Refuse, changing nothing, when the shard databases are missing: the first and last
+    shard of each range of the map must have their tables, and the first bucket of each
+    mod range its fences."""
     m = router.shardmap
     for r in m.shard_ranges:
         for shard in {r.lo, r.hi}:
@@ -55,3 +51,11 @@ def preflight(settings: Settings, router: Router) -> None:
         if not holds(router, host, mod_db(r.lo), "chunk_fences"):
             raise ConfigError(f"mod bucket {r.lo} has no chunk_fences table on {host.name}: "
                               "run 'farm shards init' (it adds what this version needs)")
+
+
+def preflight(settings: Settings, router: Router) -> None:
+    """Refuse to start when the shard databases are missing (``check_fleet``), then create
+    the control database and its tables when missing: a command refused here leaves
+    nothing behind."""
+    check_fleet(router)
+    ensure_control(settings.control_dsn)

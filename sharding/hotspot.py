@@ -11,7 +11,9 @@ of its ``board_followedby_users`` rows, and the state of its rebalance:
 
 A follower's shard is a pure function of the user ID and the listed shards,
 the same for the rebalance, the reverse rebuild and the write path. The home
-shard is never listed, so a reader never sees a row twice.
+shard is never listed, so a reader never sees a row twice: an entry that lists it
+(forged or corrupted) is refused wherever the directory is read or written
+(``ListedHomeError``), never served as a duplicate.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from shardfarm.errors import StaleStateError
+from shardfarm.errors import FatalError, StaleStateError
 from sharding import fencing, ids
 from sharding.fencing import FenceToken
 from sharding.mappings import Edge, Page, decode_cursor, encode_cursor
@@ -34,6 +36,12 @@ FOLLOWERS = "board_followedby_users"
 STATES = ("planned", "copying", "active", "cleaned")
 SPREAD_STATES = ("active", "cleaned")
 TRANSITIONS = {("planned", "copying"), ("copying", "active"), ("active", "cleaned")}
+
+
+class ListedHomeError(FatalError):
+    """A hot board's directory entry lists the board's home shard (written by hand or
+    corrupted): readers would see its rows twice and a cleanup would delete listed rows, so
+    nothing reads or writes through it until an operator repairs the rows."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,24 @@ class Entry:
     def spread(self) -> bool:
         """Whether readers use the listed shards (else the home shard)."""
         return self.state in SPREAD_STATES
+
+
+def _refuse_home(board_id: int, shards: Iterable[int]) -> None:
+    """``ListedHomeError`` in one line naming the table, the board and its home shard, if
+    ``shards`` (a board's listed shards) name its home shard."""
+    home = ids.shard_of(board_id)
+    if home in shards:
+        raise ListedHomeError(
+            f"{DIRECTORY} on shard {home}: hot board {board_id} lists its own home shard "
+            f"{home} (its readers would see rows twice); repair its rows there")
+
+
+def _entry(board_id: int, rows: list[tuple[int, str]]) -> Entry:
+    """The entry of a board's ``(shard, state)`` directory rows (at least one); refused
+    (``_refuse_home``) if they list its home shard."""
+    shards = tuple(shard for shard, _ in rows)
+    _refuse_home(board_id, shards)
+    return Entry(board_id, rows[0][1], shards)
 
 
 def follower_shard(user_id: int, shards: tuple[int, ...]) -> int:
@@ -94,9 +120,9 @@ class Directory:
                                      f"{shard_table(shard, DIRECTORY)} WHERE board_id IN "
                                      f"({marks}) ORDER BY board_id, shard", boards, shard)
             for b in boards:
-                mine = [r for r in rows if r[0] == b]
+                mine = [(r[1], r[2]) for r in rows if r[0] == b]
                 if mine:
-                    out[b] = Entry(b, mine[0][2], tuple(r[1] for r in mine))
+                    out[b] = _entry(b, mine)
         return out
 
     def get(self, board_id: int) -> Entry | None:
@@ -104,9 +130,11 @@ class Directory:
         return self.get_many([board_id]).get(board_id)
 
     def plan(self, board_id: int, shards: tuple[int, ...]) -> Entry:
-        """Record a planned spread (keeps an existing entry as it is)."""
+        """Record a planned spread (keeps an existing entry as it is); ``shards`` must not
+        name the board's home shard (``ListedHomeError``)."""
         home = ids.shard_of(board_id)
         q = shard_table(home, DIRECTORY)
+        _refuse_home(board_id, shards)
 
         def tx(cur) -> None:
             cur.execute(f"SELECT COUNT(*) FROM {q} WHERE board_id = %s FOR UPDATE", (board_id,))
@@ -177,7 +205,7 @@ def _entry_in(cur, board_id: int, lock: bool = False) -> Entry | None:
     cur.execute(f"SELECT shard, state FROM {q} WHERE board_id = %s ORDER BY shard"
                 + (" LOCK IN SHARE MODE" if lock else ""), (board_id,))
     rows = cur.fetchall()
-    return Entry(board_id, rows[0][1], tuple(r[0] for r in rows)) if rows else None
+    return _entry(board_id, rows) if rows else None
 
 
 def followers(router: Router, board_id: int, limit: int = 50, cursor: str | None = None) -> Page:
@@ -220,14 +248,15 @@ def _upsert(cur, shard: int, board_id: int, user_id: int, sequence: int) -> None
 
 def lock_directory(cur, home: int) -> dict[int, Entry]:
     """Inside a home-shard transaction: share-lock the whole directory of ``home`` (its rows
-    and gaps) and return its entries. Until commit no board homed there can be planned or
-    change state, so rows placed by ``place`` go where readers will look."""
+    and gaps) and return its entries (``ListedHomeError`` if one lists ``home``). Until commit
+    no board homed there can be planned or change state, so rows placed by ``place`` go
+    where readers will look."""
     cur.execute(f"SELECT board_id, shard, state FROM {shard_table(home, DIRECTORY)} "
                 "ORDER BY board_id, shard LOCK IN SHARE MODE")
     by_board: dict[int, list[tuple]] = defaultdict(list)
     for board, shard, state in cur.fetchall():
         by_board[board].append((shard, state))
-    return {b: Entry(b, rs[0][1], tuple(s for s, _ in rs)) for b, rs in by_board.items()}
+    return {b: _entry(b, rs) for b, rs in by_board.items()}
 
 
 def place(rows: Iterable[tuple[int, int, int]], entries: dict[int, Entry]

@@ -3,9 +3,11 @@ schedulers, catches up missed nights, and remembers what fired in the control da
 
 import datetime as dt
 import json
+import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -13,7 +15,7 @@ import redis
 
 from exporters import export as exporter
 from jobs.runtime import Runtime
-from shardfarm.errors import UsageError
+from shardfarm.errors import ConfigError, TransientDatabaseError, UsageError
 from tests.conftest import ROOT, run_farm
 from tests.farmkit import start_workers, stop, until
 from workers import cron as scheduler
@@ -209,3 +211,68 @@ def test_a_slot_whose_creator_died_before_queueing_is_queued(rt):
     assert [(f["run_id"], f["created"]) for f in fired] == [(scheduler.run_id_for("t-died", slot),
                                                               False)]
     assert rt.redis.llen("rq:queue:farm") == 2 and a.due() == []
+
+
+def _run_until(s: scheduler.Scheduler, stop_after_fire: bool = True,
+               limit: float = 60) -> list[dict]:
+    """``s.run`` ticking every 10 ms until a slot fires (or ``limit`` seconds, a guard that a
+    scheduler looping on an error hits); what fired."""
+    stop, fired = threading.Event(), []
+
+    def on_fire(f: dict) -> None:
+        fired.append(f)
+        if stop_after_fire:
+            stop.set()
+    guard = threading.Timer(limit, stop.set)
+    guard.start()
+    try:
+        s.run(stop, on_fire=on_fire, every=0.01)
+    finally:
+        guard.cancel()
+    return fired
+
+
+def test_a_failed_round_is_one_line_naming_its_slot_and_the_loop_goes_on(rt, monkeypatch,
+                                                                        caplog):
+    """The export's planning fails once (a dropped connection, injected at that step): one
+    ERROR line names the slot and its run, without a traceback (at DEBUG only), and the
+    next tick fires the slot. Before, the line was 'tick failed' with a full traceback."""
+    real, calls = exporter.plan, []
+
+    def flaky(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise TransientDatabaseError("lost connection to MySQL TestA1 (shard 7)")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(exporter, "plan", flaky)
+    caplog.set_level(logging.DEBUG, logger=scheduler.__name__)
+    s = _scheduler(rt, "t-fail", Clock(NOW))
+    fired = _run_until(s)
+    run_id = scheduler.run_id_for("t-fail", dt.datetime(2026, 11, 22, 3, 0))
+    assert [f["run_id"] for f in fired] == [run_id] and len(calls) == 2
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in lines] == [(
+        "ERROR", f"cron t-fail: slot 2026-11-22T03:00:00Z (run {run_id}) failed: "
+                 "TransientDatabaseError: lost connection to MySQL TestA1 (shard 7); trying "
+                 "again in 0.01s", None)]
+    assert [r for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info]
+
+
+def test_a_configuration_error_at_a_slot_ends_the_loop_in_one_line(rt, tmp_path):
+    """A destination that cannot be used (a file where its root must go), met at a slot:
+    every round would fail the same way, so the loop ends with one ``ConfigError`` naming
+    the slot and the cause, and gives its lease up. Before, it logged a traceback every
+    tick and never ended."""
+    (tmp_path / "notes").write_text("not a directory")
+    url = f"file://{tmp_path}/notes/exports"
+    s = scheduler.Scheduler(rt, name="t-cfg", now=Clock(NOW),
+                            export_args={"tables": ["users"], "dest": url})
+    with pytest.raises(ConfigError) as caught:
+        _run_until(s, limit=5)
+    run_id = scheduler.run_id_for("t-cfg", dt.datetime(2026, 11, 22, 3, 0))
+    assert str(caught.value) == (
+        f"cron t-cfg: slot 2026-11-22T03:00:00Z (run {run_id}) failed: export destination "
+        f"{url} cannot be used: cannot create export directory {tmp_path}/notes/exports: "
+        "Not a directory; fix it and start farm cron again")
+    assert type(caught.value) is ConfigError  # not a usage error: farm cron exits 1
+    assert rt.redis.get(s.key) is None and _runs_of(rt, "t-cfg") == []

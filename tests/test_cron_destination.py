@@ -5,6 +5,8 @@ at every slot of a scheduler that keeps running."""
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from tests.conftest import ROOT
 from tests.proxy import TcpProxy
 from tests.rofs import read_only
 from tests.servers import free_port
+from workers import cron as scheduler
 
 SECONDS = 2  # FARM_STATUS_TIMEOUT here
 AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
@@ -91,3 +94,34 @@ def test_a_directory_it_cannot_write_stops_farm_cron(cron_env, tmp_path):
     assert lines[0].startswith(f"farm: error: export destination file://{root} cannot be "
                                "used: "), lines
     assert "Read-only file system" in lines[0], lines
+
+
+def test_a_file_where_a_tables_folder_goes_stops_farm_cron_at_start(cron_env, tmp_path):
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "users").write_text("someone's notes")
+    code, err, _ = _cron({**cron_env, "FARM_EXPORT_URL": f"file://{tmp_path}/exp"}, limit=30)
+    assert code == 1 and err.strip().splitlines() == [
+        f"farm: error: export destination file://{tmp_path}/exp cannot be used: export path "
+        f"{tmp_path}/exp/users is a file where a directory belongs: move it away or export "
+        "elsewhere"], err
+
+
+def test_a_file_where_a_slots_folder_goes_ends_farm_cron_at_that_slot(cron_env, tmp_path):
+    """Met at a slot (the date's folder is a file), not at start: a failure every round
+    would repeat, so farm cron ends with exit 1 and one line naming the slot and its run
+    (before, it logged a traceback every 5 s and ran on)."""
+    at = "0 0 1 1 *"  # once a year: the due slot is this year's first minute
+    slot = scheduler.slots_between(at, None, scheduler.utcnow())[0]
+    date = (slot.date() - dt.timedelta(days=1)).isoformat()
+    (tmp_path / "exp" / "users").mkdir(parents=True)
+    (tmp_path / "exp" / "users" / f"dt={date}").write_text("someone's notes")
+    code, err, _ = _cron({**cron_env, "FARM_EXPORT_URL": f"file://{tmp_path}/exp",
+                          "FARM_EXPORT_CRON": at}, limit=30)
+    lines = err.strip().splitlines()
+    assert code == 1 and len(lines) == 2 and lines[0].startswith("farm cron: "), err
+    assert re.fullmatch(
+        rf"farm: error: cron t-dest\w+: slot {slot.isoformat()}Z \(run cron-t-dest\w+-"
+        rf"{slot:%Y%m%dT%H%M}Z\) failed: export destination file://{tmp_path}/exp cannot be "
+        rf"used: export path {tmp_path}/exp/users/dt={date} is a file where a directory "
+        r"belongs: move it away or export elsewhere; fix it and start farm cron again",
+        lines[1]), lines[1]

@@ -12,7 +12,7 @@ import pytest
 from exporters.destinations import FileDestination, PathInTheWayError
 from shardfarm.errors import ConfigError, FatalError
 from tests.conftest import run_farm
-from tests.farmkit import start_workers, stop
+from tests.farmkit import start_workers, stop, until
 from tests.rofs import read_only
 
 pytestmark = pytest.mark.usefixtures("park_leftover_runs")
@@ -66,21 +66,45 @@ def test_a_directory_where_a_part_goes_is_a_fatal_error_naming_it(tmp_path):
     w.abort()
 
 
-def test_a_run_whose_folder_is_a_file_fails_at_once_in_one_line(env, ledger, tmp_path):
-    """Real workers: each chunk of the table fails on its first attempt (before, it was
-    tried FARM_CHUNK_ATTEMPTS times with backoff, ~40 s), and ``farm failed`` says why."""
-    (tmp_path / "exp").mkdir()
+@pytest.mark.parametrize("blocker", ["users", f"users/dt={DATE}"])
+def test_the_folders_a_run_writes_are_checked_before_it_starts(env, ledger, tmp_path, blocker):
+    """A file where a table's folder goes is one line naming it, and no run is created.
+    Before, the run started and each of its chunks failed on its first attempt."""
+    dest = FileDestination(tmp_path / "exp")
+    dest.check_folders([f"users/dt={DATE}/", f"pins/dt={DATE}/"])  # nothing there: fine
+    (tmp_path / "exp" / blocker).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "exp" / blocker).write_text("someone's notes")
+    why = (f"export path {tmp_path}/exp/{blocker} is a file where a directory belongs: move "
+           "it away or export elsewhere")
+    with pytest.raises(PathInTheWayError) as caught:
+        dest.check_folders([f"pins/dt={DATE}/", f"users/dt={DATE}/"])
+    assert str(caught.value) == why
+    before = ledger.runs(limit=1000)
+    out = run_farm(env, "export", "--date", DATE, "--dest", f"file://{tmp_path}/exp",
+                   timeout=60)
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        f"farm: error: export destination file://{tmp_path}/exp cannot be used: {why}"], out
+    assert "run_id" not in out.stdout and ledger.runs(limit=1000) == before  # no run
+
+
+def test_a_run_whose_folder_becomes_a_file_fails_at_once_in_one_line(env, ledger, tmp_path):
+    """Real workers: the folder turns into a file after the run started; each chunk of the
+    table fails on its first attempt (before, it was tried FARM_CHUNK_ATTEMPTS times with
+    backoff, ~40 s), and ``farm failed`` says why."""
+    out = run_farm(env, "export", "--date", DATE, "--dest", f"file://{tmp_path}/exp",
+                   "--tables", "users", "--json", timeout=60)
+    assert out.returncode == 0, out
+    run_id = json.loads(out.stdout.strip().splitlines()[-1])["run_id"]
     (tmp_path / "exp" / "users").write_text("someone's notes")
     workers = start_workers(env, 2)
     try:
-        out = run_farm(env, "export", "--date", DATE, "--dest", f"file://{tmp_path}/exp",
-                       "--tables", "users", "--wait", "--json", timeout=120)
+        until(lambda: ledger.refresh_status(run_id) != "running", timeout=120,
+              what="the export run's end")
     finally:
         stop(workers)
-    doc = json.loads(out.stdout.strip().splitlines()[-1])
-    assert out.returncode == 1 and doc["status"] == "failed", out
-    failed = ledger.failures(doc["run_id"])
-    assert failed and len(failed) == doc["failed_chunks"], failed
+    assert ledger.refresh_status(run_id) == "failed"
+    failed = ledger.failures(run_id)
     want = (f"PathInTheWayError: export path {tmp_path}/exp/users is a file where a directory"
             " belongs: move it away or export elsewhere")
-    assert [(f["attempts"], f["last_error"]) for f in failed] == [(1, want)] * len(failed)
+    assert failed and [(f["attempts"], f["last_error"]) for f in failed] == [(1, want)] * len(
+        failed)

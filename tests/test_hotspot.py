@@ -332,3 +332,43 @@ def test_a_directory_entry_in_no_known_state_fails_its_chunk(rt, router, hot_boa
     (failure,) = rt.ledger.failures(run_id)
     assert "no state the rebalance knows" in str(failure) and hotspot.DIRECTORY in str(failure)
     assert {s for s, _, _ in _rows_everywhere(router, board)} == {HOT_SHARD}  # nothing moved
+
+
+def test_a_directory_that_lists_the_home_shard_is_refused_not_read_twice(rt, router, hot_board,
+                                                                         farm_env):
+    """Directory rows forged (or corrupted) to list the board's home shard beside another:
+    before, readers fanned out to the home shard too and saw its followers there twice (and
+    the write path, the reverse rebuild and a cleanup worked through the entry); now every
+    read, write and run through it refuses it in one line naming the table, the board and
+    the shard, and no row is written anywhere."""
+    from tests.conftest import run_farm
+    board, _ = hot_board
+    _reverse(rt, router, ["board_followedby_users"])
+    before = sorted(_rows_everywhere(router, board))
+    directory = shard_table(HOT_SHARD, hotspot.DIRECTORY)
+    router.run(HOT_SHARD, lambda cur: cur.executemany(
+        f"INSERT INTO {directory} (board_id, shard, state) VALUES (%s, %s, 'active')",
+        [(board, HOT_SHARD), (board, SHARDS_B[0])]))
+    want = (f"{hotspot.DIRECTORY} on shard {HOT_SHARD}: hot board {board} lists its own home "
+            f"shard {HOT_SHARD} (its readers would see rows twice); repair its rows there")
+    user = ids.encode(SHARDS_B[1], "user", 950_000_003)
+    for call in (lambda: _all_followers(router, board),
+                 lambda: hotspot.Directory(router).get(board),
+                 lambda: hotspot.add_follower(router, board, user, 1_600_000_002)):
+        with pytest.raises(hotspot.ListedHomeError) as caught:
+            call()
+        assert str(caught.value) == want
+    with pytest.raises(hotspot.ListedHomeError, match=f"hot board {board + 1} lists its own"):
+        hotspot.Directory(router).plan(board + 1, (HOT_SHARD, SHARDS_B[0]))  # never written
+    assert hotspot.Directory(router).get(board + 1) is None
+    params, chunks = reverser.plan(router, ["board_followedby_users"], chunk_rows=500)
+    run_id = rt.ledger.create_run("reverse", "none", {**params, "handler": reverser.HANDLER},
+                                  chunks)
+    for c in range(len(chunks)):
+        lifecycle.execute(rt, run_id, c)
+    assert rt.ledger.refresh_status(run_id) == "failed"
+    failures = rt.ledger.failures(run_id)  # each chunk that writes to the home shard
+    assert failures and all(want in str(f) for f in failures), failures
+    out = run_farm(farm_env, "followers", str(board))
+    assert out.returncode == 1 and out.stderr == f"farm: error: {want}\n", out.stderr
+    assert sorted(_rows_everywhere(router, board)) == before  # nothing written anywhere

@@ -24,6 +24,7 @@ import threading
 import uuid
 from collections.abc import Callable
 
+import redis
 from croniter import croniter
 
 from exporters import export as exporter
@@ -33,7 +34,8 @@ from jobs.dispatch import dispatch
 from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
 from shardfarm import tuning
-from shardfarm.errors import ConfigError, DatabaseError, UsageError
+from shardfarm.bounds import redis_error_line
+from shardfarm.errors import ConfigError, DatabaseError, UsageError, first_line
 
 log = logging.getLogger(__name__)
 DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
@@ -184,18 +186,47 @@ class Scheduler:
 
     def run(self, stop: threading.Event, on_fire: Callable[[dict], None] | None = None,
             every: float = TICK_SECONDS) -> None:
-        """Tick every ``every`` seconds until ``stop`` is set; errors are logged, not fatal."""
+        """Tick every ``every`` seconds until ``stop`` is set (the lease given up at the end).
+
+        A failed round is one error line naming the slot and run it was firing (the
+        traceback at DEBUG), and the next tick tries again; a ``ConfigError``, which every
+        round would meet again until an operator acts, ends the loop as a ``ConfigError``
+        in one line (``farm cron`` exits 1).
+        """
         try:
             while not stop.is_set():
-                try:
-                    for fired in self.tick():
-                        if on_fire:
-                            on_fire(fired)
-                except Exception:
-                    log.exception("cron %s: tick failed; trying again in %ss", self.name, every)
+                self._round(on_fire, every)
                 stop.wait(every)
         finally:
             try:
                 self.resign()
             except Exception:  # noqa: BLE001 - the lease expires by itself
                 log.warning("cron %s: could not resign the lease", self.name)
+
+    def _round(self, on_fire: Callable[[dict], None] | None, every: float) -> None:
+        """One ``tick`` of ``run``, saying what failed in one line."""
+        doing = "taking the leader lease"
+        try:
+            if not self.lead():
+                return
+            doing = "reading the schedule"
+            for slot in self.due():
+                doing = f"slot {slot.isoformat()}Z (run {run_id_for(self.name, slot)})"
+                fired = self.fire(slot)
+                if on_fire:
+                    on_fire(fired)
+        except ConfigError as exc:  # UsageError too: a bad value read at a slot, exit 1
+            raise ConfigError(f"cron {self.name}: {doing} failed: {first_line(exc)}; fix "
+                              "it and start farm cron again") from exc
+        except Exception as exc:  # the scheduler lives on: tried again next tick
+            log.error("cron %s: %s failed: %s; trying again in %ss", self.name, doing,
+                      _cause(exc), every)
+            log.debug("cron %s: %s failed", self.name, doing, exc_info=True)
+
+
+def _cause(exc: Exception) -> str:
+    """One line for why a round failed: the error's class and first line (a Redis error
+    with what to check)."""
+    if isinstance(exc, redis.RedisError):
+        return redis_error_line(exc)
+    return f"{type(exc).__name__}: {first_line(exc)}"

@@ -17,7 +17,7 @@ from exporters import dump
 from exporters import export as exporter
 from exporters.destinations import checked_destination
 from farmcore.identity import farm_id
-from farmcore.preflight import preflight
+from farmcore.preflight import check_fleet, ensure_control, preflight
 from jobs import runs
 from jobs.runtime import Runtime
 from jobs.status import read_supervisors, serves_another_farm
@@ -75,9 +75,17 @@ def _start(rt: Runtime, kind: str, handler: str, chunks: list, params: dict,
 def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
             notice: Notice = _silent, max_lag: float | None = None,
             slice_rows: int = migration.DEFAULT_SLICE_ROWS) -> str:
-    """Start the load of the whole legacy database into the shards as one run."""
-    preflight(rt.settings, rt.router)
-    params, chunks = migration.plan(rt.settings, rt.router, rt.ledger, chunk_rows, slice_rows)
+    """Start the load of the whole legacy database into the shards as one run.
+
+    The shards, Redis and then the legacy database are checked (and read) before the
+    control database is created: a migrate that fails on a fresh machine leaves nothing
+    behind.
+    """
+    check_fleet(rt.router)
+    rt.redis.ping()
+    params, chunks = migration.plan_source(rt.settings, chunk_rows, slice_rows)
+    ensure_control(rt.settings.control_dsn)
+    params = {"open_shards": migration.open_shards(rt.router, rt.ledger), **params}
     return _start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag),
                   notice)
 
@@ -161,9 +169,10 @@ def cron_scheduler(rt: Runtime, name: str, at: str, export_args: dict) -> schedu
     ``export_args``: ``{"dest", "tables", "from", "format"}`` of each export it starts.
     """
     scheduler.check_expression(at)
-    dump.check_tables(export_args["tables"])
+    tables = dump.check_tables(export_args["tables"])
     preflight(rt.settings, rt.router)
-    checked_destination(export_args.get("dest") or rt.settings.export_url)
+    checked_destination(export_args.get("dest") or rt.settings.export_url,
+                        [f"{t}/" for t in tables])  # each slot checks its dt= folders
     return scheduler.Scheduler(rt, name=name, at=at, export_args=export_args)
 
 

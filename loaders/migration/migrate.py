@@ -52,6 +52,15 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
          chunk_rows: int = DEFAULT_CHUNK_ROWS, slice_rows: int = DEFAULT_SLICE_ROWS
          ) -> tuple[dict, list[ChunkSpec]]:
     """Run parameters and chunks of a migration of the whole legacy database."""
+    params, chunks = plan_source(settings, chunk_rows, slice_rows)
+    return {"open_shards": open_shards(router, ledger), **params}, chunks
+
+
+def plan_source(settings: Settings, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                slice_rows: int = DEFAULT_SLICE_ROWS) -> tuple[dict, list[ChunkSpec]]:
+    """What ``plan`` reads from the legacy database alone (its chunks, and the run's
+    parameters but the open shards): a legacy database that is missing or unreachable
+    fails here, before anything asks the control database."""
     if chunk_rows < 1:
         raise UsageError(f"--chunk-size must be at least 1, got {chunk_rows}")
     if slice_rows < 1:
@@ -64,8 +73,8 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
                       covering(reader.plan(SPEC[t], min(chunk_rows, slice_rows))), chunk_rows)]
     finally:
         reader.close()
-    params = {"open_shards": _open_shards(router, ledger), "chunk_rows": chunk_rows,
-              "slice_rows": slice_rows, "kinds": list(ORDER), "binlog_pos": binlog_pos}
+    params = {"chunk_rows": chunk_rows, "slice_rows": slice_rows, "kinds": list(ORDER),
+              "binlog_pos": binlog_pos}
     return params, chunks
 
 
@@ -108,7 +117,7 @@ def covering(ranges: Iterable[tuple[int, int, int]]) -> list[tuple[int, int, int
             for i, (lo, hi, (_, _, n)) in enumerate(zip(starts, ends, ranges, strict=True))]
 
 
-def _open_shards(router: Router, ledger: Ledger) -> list[int]:
+def open_shards(router: Router, ledger: Ledger) -> list[int]:
     """The open shards users are spread over, frozen at the first migration.
 
     Later runs reuse the first run's list, so re-running after new shards were

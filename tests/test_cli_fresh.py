@@ -1,0 +1,81 @@
+"""A command that fails on a fresh machine leaves nothing behind: the cause (a legacy
+database that is missing or unreachable, shards never initialised) is found before the
+control database is created."""
+
+from __future__ import annotations
+
+import json
+
+import pymysql
+import pytest
+
+from tests.conftest import NS, ns_db, run_farm
+from tests.servers import free_port
+
+FRESH_SHARD = 60000 + NS  # never initialised by any suite
+
+
+def _exists(database: str) -> bool:
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM information_schema.schemata "
+                        "WHERE schema_name = %s", (database,))
+            return bool(cur.fetchone()[0])
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def fresh_control(farm_env, router):
+    """The name of a control database that does not exist (dropped again after the test)."""
+    name = ns_db("farm_control_fresh")
+    yield name
+    conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("legacy, words", [
+    ("127.0.0.1:3306/{missing}", "Unknown database"),
+    ("127.0.0.1:{port}/legacy", "cannot reach MySQL legacy"),
+])
+def test_a_migrate_whose_legacy_database_fails_creates_no_control_database(
+        farm_env, fresh_control, legacy, words):
+    url = "mysql://root@" + legacy.format(missing=ns_db("no_such_legacy"), port=free_port())
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}",
+           "FARM_LEGACY_DSN": url}
+    out = run_farm(env, "migrate", timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1 and words in lines[0], out.stderr
+    assert not _exists(fresh_control), "the failed migrate created the control database"
+
+
+def test_a_migrate_without_redis_creates_no_control_database(farm_env, fresh_control):
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}",
+           "FARM_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    out = run_farm(env, "migrate", timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr
+    assert not _exists(fresh_control), "the failed migrate created the control database"
+
+
+@pytest.mark.parametrize("command", [("migrate",), ("export", "--date", "2026-11-21")])
+def test_a_run_on_shards_never_initialised_creates_no_control_database(
+        farm_env, fresh_control, tmp_path, command):
+    a = {"host": "127.0.0.1", "port": 3306, "user": "root", "password": ""}
+    doc = {"version": 1, "hosts": {"A": a, "B": dict(a)},
+           "shards": [{"range": [FRESH_SHARD, FRESH_SHARD], "master": "A", "slave": "B"}],
+           "open": [[FRESH_SHARD, FRESH_SHARD]],
+           "mod": {"buckets": 1, "ranges": [{"range": [0, 0], "master": "A", "slave": "B"}]}}
+    (tmp_path / "map.json").write_text(json.dumps(doc))
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}",
+           "FARM_SHARDMAP": str(tmp_path / "map.json"),
+           "FARM_EXPORT_URL": f"file://{tmp_path}/exp"}
+    out = run_farm(env, *command, timeout=120)
+    assert out.returncode == 1 and out.stderr.strip() == (
+        f"farm: error: shard {FRESH_SHARD} has no tables on A: run 'farm shards init' first")
+    assert not _exists(fresh_control), "the failed command created the control database"
