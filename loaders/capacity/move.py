@@ -73,9 +73,13 @@ class MovePlan:
 
 def check_target(m: ShardMap, lo: int, hi: int, master: str, slave: str) -> None:
     """Refuse, in one line (``UsageError``), a ``--to`` pair the shards cannot move to: a host
-    the map does not name or lists under ``gone``, or a slave that is the current master of
-    one of the shards. (A master that already holds them is refused by ``plan``, unless an
-    earlier run of this move flipped them there.)"""
+    the map does not name or lists under ``gone``, one host named as both master and slave
+    (the shards would have no backup), or a slave that is the current master of one of the
+    shards. (A master that already holds them is refused by ``plan``, unless an earlier run
+    of this move flipped them there.)"""
+    if master == slave:
+        raise UsageError(f"--to {master[:64]}/{slave[:64]} names one host as both master and "
+                         "slave; name the new pair's own slave (MASTER/SLAVE, two hosts)")
     for role, name in (("master", master), ("slave", slave)):
         host_of(m, name, f"to {role}")
         if name in m.gone:
