@@ -1,5 +1,6 @@
 """Tables of the control database: runs, the chunk ledger, the quarantine, verify findings,
-export parts and claims, and cron state (each written by one module: see ``farmcore``).
+export parts and claims, cron state, and masters a promote made read-only (each written by
+one module: see ``farmcore``).
 
 Progress lives here, in MySQL, not only in Redis: a Redis that lost everything
 loses no work, and ``farm resume`` re-enqueues what is not done.
@@ -169,6 +170,15 @@ STATEMENTS: list[str] = [
   farm_id CHAR(36) NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
     "INSERT IGNORE INTO farm_identity (one, farm_id) VALUES (1, UUID())",
+    # masters a 'farm shards promote' is making read-only, until it is done with them
+    # (farmcore.readonly): what a promote that stopped left behind
+    """CREATE TABLE IF NOT EXISTS promote_read_only (
+  master VARCHAR(255) NOT NULL PRIMARY KEY,
+  promoting VARCHAR(255) NOT NULL,
+  accept_loss TINYINT(1) NOT NULL DEFAULT 0,
+  since DATETIME(3) NOT NULL,
+  KEY by_promoting (promoting)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
 ]
 
 

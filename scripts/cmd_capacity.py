@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from farmcore.readonly import LeftReadOnly, ReadOnlyMasters
 from loaders.capacity.move import ROWS_PER_RANGE, check_target
 from scripts.app import App
 from scripts.cmd_shards import shards_group
@@ -11,7 +12,7 @@ from scripts.confirm import go_ahead
 from scripts.follow import wait_with_progress
 from scripts.options import MAX_LAG, Seconds, emit, farm_options
 from scripts.render import note
-from shardfarm.errors import UsageError
+from shardfarm.errors import FarmError, FatalError, UsageError, first_line
 from sharding.fleet import fleet_status
 from sharding.growth import open_range, parse_range
 from sharding.promote import promote
@@ -101,7 +102,8 @@ def move_cmd(app: App, shards: str, to: str, wait: bool, rows_per_chunk: int,
 @farm_options
 def promote_cmd(app: App, host: str, accept_loss: bool, wait_seconds: float) -> None:
     """Make the slave HOST the master of its dead master's ranges (map version + 1)."""
-    done = promote(app.router, app.settings.shardmap_spec, host, accept_loss, wait_seconds,
+    done = promote(app.router, app.settings.shardmap_spec, host,
+                   ReadOnlyMasters(app.runtime.ledger.pool), accept_loss, wait_seconds,
                    app.settings.connect_timeout)
     if done.already:
         note(f"{host} was already promoted in map version {done.version}; it is master and "
@@ -121,14 +123,36 @@ def promote_cmd(app: App, host: str, accept_loss: bool, wait_seconds: float) -> 
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
 @farm_options
 def status_cmd(app: App, as_json: bool) -> None:
-    """Per host of the map: role, shards, replication lag, read-only, map version told."""
+    """Per host of the map: role, shards, replication lag, read-only, map version told; then
+    every master an unfinished promote may have left read-only, with the command that
+    finishes it (exit 1 after the hosts if the control database cannot be read)."""
     doc = fleet_status(app.router)
+    left, failed = _left_read_only(app, doc)
+    doc["unfinished_promotes"] = [r.as_dict() for r in left]
     if as_json:
         emit(doc)
-        return
-    click.echo(f"shard map version {doc['version']}")
-    for h in doc["hosts"]:
-        click.echo(status_line(h))
+    else:
+        click.echo(f"shard map version {doc['version']}")
+        for h in doc["hosts"]:
+            click.echo(status_line(h))
+        for r in left:
+            click.echo(f"UNFINISHED PROMOTE: {r.line()}")
+    if failed is not None:
+        raise FatalError("cannot list the masters an unfinished promote left read-only "
+                         f"(control database: {first_line(failed)})")
+
+
+def _left_read_only(app: App, doc: dict) -> tuple[list[LeftReadOnly], FarmError | None]:
+    """The masters an unfinished promote recorded that are still read-only (or do not
+    answer: they may be) in the fleet status ``doc``; and the error if the control database
+    could not be read. A master that takes writes again (undone by hand) is left out."""
+    try:
+        found = ReadOnlyMasters(app.viewer.ledger.pool).listed()
+    except FarmError as exc:
+        return [], exc
+    hosts = {h["host"]: h for h in doc["hosts"]}
+    return [r for r in found if r.master not in hosts or not hosts[r.master]["reachable"]
+            or hosts[r.master]["read_only"]], None
 
 
 def status_line(h: dict) -> str:

@@ -18,12 +18,20 @@ write landed, its answer did not) is recognised and not written again. The map c
 is a compare-and-set on the ranges the promote checked: a map in force that no longer
 has the host as the slave of its old master there is not changed. A failure after the
 slave was made writable says so in one line, and to run the command again.
+
+A master that answers is recorded (``ReadOnlyRecord``, the caller's durable record) before
+it is made read-only, and the record is cleared once the promote is done with it: it
+finished, or it was refused and gave the master its writes back. A promote that stopped
+in between leaves the record, so the operator learns it from the record, not from a
+later refusal; a record that cannot be written refuses the promote, with nothing changed.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
+from typing import Protocol
 
 import pymysql.cursors
 
@@ -45,6 +53,21 @@ class Promoted:
     received: str
     lost: bool
     already: bool = False  # the map already showed the promotion: nothing was written
+
+
+class ReadOnlyRecord(Protocol):
+    """Where a promote records the masters it makes read-only, until it is done with them."""
+
+    def left_read_only(self, master: str, promoting: str, accept_loss: bool) -> None:
+        """Record that ``master`` is being made read-only to promote ``promoting``."""
+
+    def settled(self, *, master: str | None = None, promoting: str | None = None) -> None:
+        """Forget ``master``'s record, or those every promote of ``promoting`` left."""
+
+
+class PromoteRecordError(FatalError):
+    """The record of a master about to be made read-only could not be written: nothing was
+    changed."""
 
 
 class PromoteIncompleteError(FatalError):
@@ -102,28 +125,48 @@ def old_master_of(m: ShardMap, host: str) -> str:
     return masters.pop()
 
 
-def _master_pos(router: Router, master: Host) -> tuple[str | None, bool]:
-    """Make a master that still answers read-only; its binlog position (``None``: dead) and
-    whether it was writable until now (``_writable_again`` undoes it on a refusal)."""
+def _master_pos(router: Router, master: Host, record: Callable[[], None]
+                ) -> tuple[str | None, bool]:
+    """Make a master that still answers read-only, ``record()`` called just before; its
+    binlog position (``None``: dead) and whether it was writable until now
+    (``_writable_again`` undoes it on a refusal)."""
     try:
         with router.connection(master) as conn, conn.cursor() as cur:
             cur.execute("SELECT @@read_only")
             was_writable = not int(cur.fetchone()[0])
+            record()
             cur.execute("SET GLOBAL read_only = 1")
             cur.execute("SELECT @@gtid_binlog_pos")
             return cur.fetchone()[0], was_writable
+    except PromoteRecordError:
+        raise
     except FarmError:
         return None, False
 
 
-def _writable_again(router: Router, master: Host) -> None:
+def _recorder(journal: ReadOnlyRecord, old: str, host: str, accept_loss: bool
+              ) -> Callable[[], None]:
+    """``journal.left_read_only`` for ``old``, its failure a ``PromoteRecordError``."""
+    def record() -> None:
+        try:
+            journal.left_read_only(old, host, accept_loss)
+        except FarmError as exc:
+            raise PromoteRecordError(
+                f"cannot record in the control database that {old} is being made read-only "
+                f"({first_line(exc)}); nothing changed: fix it (or run 'farm shards init'), "
+                "then run the same command again") from None
+    return record
+
+
+def _writable_again(router: Router, master: Host) -> bool:
     """Undo ``_master_pos``'s read-only when nothing was promoted (best effort: a master
-    that stopped answering meanwhile stays as it is)."""
+    that stopped answering meanwhile stays as it is); whether it is writable again."""
     try:
         with router.connection(master) as conn, conn.cursor() as cur:
             cur.execute("SET GLOBAL read_only = 0")
     except FarmError:
-        pass
+        return False
+    return True
 
 
 def _catch_up(router: Router, slave: Host, wait: float) -> tuple[str, str]:
@@ -157,10 +200,11 @@ def _still_read_only(old: str, master_pos: str | None, was_writable: bool) -> st
 
 
 def _checked(router: Router, m: ShardMap, host: str, old: str, accept_loss: bool,
-             wait: float) -> tuple[str, str, bool]:
+             wait: float, journal: ReadOnlyRecord) -> tuple[str, str, bool]:
     """The catch-up check: ``(applied, received, behind)``; a refusal (``StaleStateError``)
-    gives a live old master its writes back."""
-    master_pos, was_writable = _master_pos(router, m.hosts[old])
+    gives a live old master its writes back (and its record goes)."""
+    master_pos, was_writable = _master_pos(router, m.hosts[old],
+                                           _recorder(journal, old, host, accept_loss))
     try:
         applied, received = _catch_up(router, m.hosts[host], wait)
         behind = missing(applied, received) + missing(applied, master_pos or "")
@@ -170,8 +214,9 @@ def _checked(router: Router, m: ShardMap, host: str, old: str, accept_loss: bool
                                   "not promoted (start its SQL thread and wait, or "
                                   f"--accept-loss){left}")
     except BaseException:  # refused or failed, nothing promoted: a live master writes again
-        if was_writable:
-            _writable_again(router, m.hosts[old])
+        if was_writable and _writable_again(router, m.hosts[old]):
+            with suppress(FarmError):  # left behind, it says the master may be read-only
+                journal.settled(master=old)
         raise
     return applied, received or master_pos or "", bool(behind)
 
@@ -210,15 +255,28 @@ def _incomplete(host: str, accept_loss: bool, step: str, exc: FarmError
                                   f"run '{again}' again to finish")
 
 
-def promote(router: Router, spec: str, host: str, accept_loss: bool = False,
-            wait: float = 10.0, timeout: float = 10.0) -> Promoted:
-    """Promote ``host`` to master of its master's ranges (see the module's docstring)."""
+def _settled(journal: ReadOnlyRecord, host: str, version: int, **which: str) -> None:
+    """Clear the records of a finished promote; a failure says so in one line."""
+    try:
+        journal.settled(**which)
+    except FarmError as exc:
+        raise PromoteIncompleteError(
+            f"{host} was promoted (map version {version}), but the record of the master it "
+            f"made read-only could not be cleared from the control database "
+            f"({first_line(exc)}); run 'farm shards promote {host}' again to clear it") from None
+
+
+def promote(router: Router, spec: str, host: str, journal: ReadOnlyRecord,
+            accept_loss: bool = False, wait: float = 10.0, timeout: float = 10.0) -> Promoted:
+    """Promote ``host`` to master of its master's ranges (see the module's docstring);
+    ``journal`` records the master made read-only until the promote is done with it."""
     m = router.shardmap
     if host in m.hosts and promoted_already(m, host):
         _make_master(router, m.hosts[host])  # a no-op unless a run stopped before the map
+        _settled(journal, host, m.version, promoting=host)
         return Promoted(host, None, m.version, "", "", False, already=True)
     old = old_master_of(m, host)
-    applied, received, lost = _checked(router, m, host, old, accept_loss, wait)
+    applied, received, lost = _checked(router, m, host, old, accept_loss, wait, journal)
     try:
         _make_master(router, m.hosts[host])
     except FarmError as exc:
@@ -227,4 +285,5 @@ def promote(router: Router, spec: str, host: str, accept_loss: bool = False,
         new = amend(spec, _map_change(m, old, host), timeout)
     except FarmError as exc:
         raise _incomplete(host, accept_loss, "map", exc) from None
+    _settled(journal, host, new.version, master=old)
     return Promoted(host, old, new.version, applied, received, lost)

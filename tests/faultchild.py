@@ -169,6 +169,20 @@ def _move(router, env: dict, lo: int, hi: int, to: str, lose_map_reply: bool = F
         rt.close()
 
 
+def _drop_sources(router, env: dict, plan: dict) -> None:
+    """``--drop-source``'s drop of the source copies of the move ``plan`` (its run params),
+    holding the move locks, without the grace period."""
+    from jobs.runtime import Runtime
+    from loaders.capacity.move import MovePlan
+    from shardfarm.settings import Settings
+    from workers import capacity
+    rt = Runtime(Settings.from_env(env))
+    try:
+        capacity.drop_sources(rt, MovePlan.of_params(plan), 0)
+    finally:
+        rt.close()
+
+
 def _farm(router, env: dict, argv: list[str]) -> int:
     """The ``farm`` command with ``argv`` in this process; its exit status."""
     from scripts.cli import main as farm
@@ -182,7 +196,8 @@ def _farm(router, env: dict, argv: list[str]) -> int:
 
 SCENARIOS: dict[str, Callable] = {"add_follower": _add_follower, "reverse": _reverse,
                                   "sync": _sync, "export": _export, "move": _move,
-                                  "migrate_chunk": _migrate_chunk, "farm": _farm}
+                                  "migrate_chunk": _migrate_chunk, "farm": _farm,
+                                  "drop_sources": _drop_sources}
 
 
 def main(argv: list[str]) -> int:

@@ -71,3 +71,28 @@ def test_a_drop_that_stopped_half_way_finishes_when_run_again(sources, server_b)
     assert dropped == [f"TestB1:{shard_db(s)}" for s in SHARDS]
     assert _there(server_b) == []
     assert capmove.drop_sources(sources, plan) == dropped  # and once more: nothing left
+
+
+def test_a_drop_that_lost_its_lock_stops_before_the_next_drop(sources, server_b, env, settings,
+                                                              ledger, monkeypatch):
+    """The move lock's connection is killed while ``--drop-source`` is stopped just before
+    its second DROP (the lock of that shard checked already): another move of these shards
+    could run now, so it drops no shard after that one and says so in one line; run again,
+    it drops the rest."""
+    from loaders.capacity.movelock import lock_name
+    from tests import faults
+    plan = capmove.MovePlan(R[0], R[1], "TestA1", "TestA2", 1, dict.fromkeys(SHARDS, "TestB1"))
+    _record(sources, dict.fromkeys(SHARDS, 2))
+    path = str(sources.source.path)
+    args = {"shardmap": path, "env": {**env, "FARM_SHARDMAP": path}, "plan": plan.params}
+    monkeypatch.setenv("FARM_FAULT_MATCH", "DROP DATABASE")
+    with faults.frozen("drop_sources", args, 2, rc=1) as proc:
+        (holder,), = ledger.pool.query("SELECT IS_USED_LOCK(%s)",
+                                       (lock_name(settings.control_dsn.database, R[0]),))
+        ledger.pool.execute("KILL %s", (holder,))
+    monkeypatch.delenv("FARM_FAULT_MATCH")
+    assert "MoveLockLostError" in proc.err and "lost its locks" in proc.err, proc.err
+    assert f"before dropping TestB1:{shard_db(R[1])}" in proc.err, proc.err
+    assert _there(server_b) == [R[1]]
+    assert capmove.drop_sources(sources, plan) == [f"TestB1:{shard_db(s)}" for s in SHARDS]
+    assert _there(server_b) == []

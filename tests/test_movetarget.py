@@ -1,6 +1,7 @@
 """``farm shards move --to``: a pair the shards cannot go to (a host marked gone, a host the map
-does not name, the shards' current master) is refused in one line with exit 2, changing
-nothing: no map version, no database on the target, no copy run."""
+does not name, the shards' current master, one host as both master and slave) is refused in
+one line with exit 2, changing nothing: no map version, no database on the target, no copy
+run."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def gone_map(server_b, tmp_path):
     ("TestB1/Nope", "--to slave 'Nope' is not a host of the shard map"),
     ("TestA1/TestA2", f"shard {S} is already on TestA1's server"),
     ("TestB1/TestA1", f"--to slave TestA1 is the current master of shard {S}"),
+    ("TestB1/TestB1", "--to TestB1/TestB1 names one host as both master and slave"),
 ])
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_move_to_a_pair_it_cannot_use_is_refused_and_changes_nothing(

@@ -76,17 +76,34 @@ def test_kill_the_master_promote_the_slave_and_keep_writing(doomed_pair, server_
 
 @pytest.mark.slow
 def test_a_refused_promotion_leaves_a_live_master_writable(doomed_pair, server_b, farm_env,
-                                                           tmp_path):
+                                                           tmp_path, ledger):
     """Promote makes a master that still answers read-only before it compares positions; a
-    refusal (the slave is behind) gives it back its writes: the fleet stayed read-only."""
+    refusal (the slave is behind) gives it back its writes and forgets its record of it:
+    the fleet stayed read-only. A record it cannot write refuses it before it changes
+    anything."""
     pair = doomed_pair
     path, env = _pair_map(doomed_pair, server_b, farm_env, tmp_path)
     pair.slave.sql("STOP SLAVE SQL_THREAD")  # the slave receives but does not apply
     pair.master.sql("CREATE DATABASE IF NOT EXISTS promote_probe")
+    nowhere = {**env, "FARM_CONTROL_DSN": env["FARM_CONTROL_DSN"] + "_not_there"}
+    out = run_farm(nowhere, "shards", "promote", "PairS", "--wait-seconds", "1")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert "cannot record in the control database that PairM is being made read-only" \
+        in lines[0] and "nothing changed" in lines[0], lines
+    assert pair.master.sql("SELECT @@read_only")[0][0] == 0
+
     out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
     assert out.returncode == 1 and "PairS is behind its master PairM" in out.stderr, out.stderr
     assert pair.master.sql("SELECT @@read_only")[0][0] == 0
     assert json.loads(path.read_text())["version"] == 1
+    assert _left(ledger) == []
+
+
+def _left(ledger) -> list[tuple[str, str]]:
+    """``(master, promoting)`` of every master an unfinished promote recorded."""
+    from farmcore.readonly import ReadOnlyMasters
+    return [(r.master, r.promoting) for r in ReadOnlyMasters(ledger.pool).listed()]
 
 
 def _seeded(pair, path, rows: int = 10) -> tuple[Router, ObjectStore, list[int]]:
@@ -199,11 +216,11 @@ def test_a_promote_refuses_a_map_that_no_longer_has_the_host_as_that_slave(
 
 @pytest.mark.slow
 def test_a_promote_killed_before_any_of_its_statements_finishes_when_run_again(
-        doomed_pair, server_b, farm_env, tmp_path):
+        doomed_pair, server_b, farm_env, tmp_path, ledger):
     """SIGKILL ``farm shards promote`` just before each MySQL statement it sends, in turn
     (the old master still answers); running the same command again always ends with the
     slave writable and replicating nothing, the old master read-only, and the map naming
-    the slave, with every row there."""
+    the slave, with every row there and no record of an unfinished promote left."""
     from tests import faults
     from tests.servers import ReplicationPair
     pair = doomed_pair
@@ -230,16 +247,19 @@ def test_a_promote_killed_before_any_of_its_statements_finishes_when_run_again(
         assert pair.slave.sql("SELECT @@read_only")[0][0] == 0 and slave_status(pair.slave) == {}
         assert pair.master.sql("SELECT @@read_only")[0][0] == 1, n
         assert store.get_many(written).missing == [], n
+        assert _left(ledger) == [], n  # finished: nothing left to finish or undo
     router.close()
 
 
 @pytest.mark.slow
 def test_a_refusal_after_a_killed_promote_says_the_old_master_is_left_read_only(
-        doomed_pair, server_b, farm_env, tmp_path):
+        doomed_pair, server_b, farm_env, tmp_path, ledger):
     """A promote killed right after it made the live master read-only (before it could
-    compare positions, refuse and give the writes back): the next run, refused because the
-    slave is still behind, found the master read-only and cannot know that a promote made
-    it so. Its one line says the master stays read-only and how to give it its writes."""
+    compare positions, refuse and give the writes back): the control database records it
+    (written before the SET), and 'farm shards status' lists it with the command that
+    finishes the promote and the statement that undoes it. The next run, refused because
+    the slave is still behind, found the master read-only: its one line says the master
+    stays read-only and how to give it its writes, and the record stays until then."""
     from tests import faults
     pair = doomed_pair
     path, env = _pair_map(pair, server_b, farm_env, tmp_path)
@@ -251,6 +271,8 @@ def test_a_refusal_after_a_killed_promote_says_the_old_master_is_left_read_only(
     with _environ({"FARM_FAULT_MATCH": "@@gtid_binlog_pos"}):
         assert faults.run_killed("farm", args, 1) == -9
     assert pair.master.sql("SELECT @@read_only")[0][0] == 1
+    assert _left(ledger) == [("PairM", "PairS")]
+    _assert_status_lists_pairm(env)
     out = run_farm(env, "shards", "promote", "PairS", "--wait-seconds", "1")
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1, out.stderr
@@ -258,5 +280,26 @@ def test_a_refusal_after_a_killed_promote_says_the_old_master_is_left_read_only(
     assert "PairM stays read-only as this promote found it" in lines[0], lines
     assert "run SET GLOBAL read_only = 0 on it" in lines[0], lines
     assert json.loads(path.read_text())["version"] == 1
+    assert _left(ledger) == [("PairM", "PairS")]
+    _assert_status_lists_pairm(env)
     pair.master.sql("SET GLOBAL read_only = 0")  # what the line says: it takes writes again
     pair.master.sql("CREATE DATABASE IF NOT EXISTS promote_probe2")
+    out = run_farm(env, "shards", "status", "--json")  # undone by hand: not listed any more
+    assert out.returncode == 0 and json.loads(out.stdout)["unfinished_promotes"] == [], out
+    ledger.pool.execute("DELETE FROM promote_read_only WHERE master = 'PairM'")
+
+
+def _assert_status_lists_pairm(env: dict) -> None:
+    """'farm shards status' (text and JSON) lists PairM as left read-only by an unfinished
+    promote of PairS, with what finishes and what undoes it."""
+    out = run_farm(env, "shards", "status")
+    assert out.returncode == 0, out.stderr
+    line, = [x for x in out.stdout.splitlines() if x.startswith("UNFINISHED PROMOTE")]
+    assert "PairM may be left read-only by an unfinished 'farm shards promote PairS'" in line
+    assert "run 'farm shards promote PairS' to finish it" in line, line
+    assert "SET GLOBAL read_only = 0 on PairM to undo it" in line, line
+    out = run_farm(env, "shards", "status", "--json")
+    assert out.returncode == 0, out.stderr
+    left, = json.loads(out.stdout)["unfinished_promotes"]
+    assert (left["master"], left["promoting"]) == ("PairM", "PairS"), left
+    assert left["finish"] == "farm shards promote PairS", left

@@ -282,15 +282,26 @@ def test_a_flip_whose_answer_is_lost_is_recorded_by_the_sources(moved_map, repl_
     assert "Traceback" not in log
 
 
-@pytest.mark.parametrize(("step", "caught"), [(1, "the catch-up"), (3, "the flip")])
+def _probe(cur, shard: int) -> int:
+    """Add a pin straight to ``shard``'s source copy (no store: the freeze does not stop it),
+    as a catch-up would copy it; its local ID."""
+    cur.execute(f"INSERT INTO `{shard_db(shard)}`.pins (data) VALUES (JSON_OBJECT('n', -1))")
+    return cur.lastrowid
+
+
+@pytest.mark.parametrize(("step", "caught", "copied"), [
+    (1, "the catch-up, with nothing frozen", None),  # the copy run (after it) may copy it
+    (3, f"the frozen catch-up of {shard_db(SHARDS[0])}.", False)])
 def test_a_move_that_lost_its_lock_stops_before_it_freezes_or_flips(
-        moved_map, repl_pair, env, settings, ledger, monkeypatch, step, caught):
+        moved_map, repl_pair, env, settings, ledger, router, monkeypatch, step, caught, copied):
     """The server-side thread of the move's lock connection is killed (KILL from another
     connection) while the move is stopped just before its ``step``-th shard_state write: 1,
     the first new copy records the next version (the lock is checked again before the
-    catch-up); 3, the first source is frozen (checked again before the flip). Without the
-    lock a second move could run beside it: the move stops in one line, the map unflipped
-    and the sources thawed, and running it again finishes it."""
+    catch-up); 3, the first source is frozen (the frozen catch-up checks the lock before each
+    range it compares, so it copies nothing more: a pin added to the last shard then is not
+    on the new master). Without the lock a second move could run beside it: the move stops
+    in one line, the map unflipped and the sources thawed, and running it again finishes
+    it."""
     from loaders.capacity.movelock import lock_name
     from tests import faults
     e = {**env, "FARM_SHARDMAP": str(moved_map)}
@@ -304,16 +315,20 @@ def test_a_move_that_lost_its_lock_stops_before_it_freezes_or_flips(
         with faults.frozen("farm", args, step, rc=1) as proc:
             (holder,), = ledger.pool.query("SELECT IS_USED_LOCK(%s)", (name,))
             ledger.pool.execute("KILL %s", (holder,))
+            probe = router.run_on(router.host_for(hi), lambda cur: _probe(cur, hi), hi)
         monkeypatch.delenv("FARM_FAULT_MATCH")
         assert _current_map(moved_map).version == 1
         assert _source_states(moved_map, (lo, hi)) == [(0, False), (0, False)]
         lines = [x for x in proc.err.strip().splitlines() if not x.startswith("farm: note:")]
         assert len(lines) == 1 and "lost its locks on the control database" in lines[0], lines
         assert f"before {caught}" in lines[0], lines
+        if copied is not None:
+            assert (probe in {r[0] for r in _rows(repl_pair.master.port, hi, "pins")}) == copied
         out = run_farm(e, *move, timeout=300)
     finally:
         log = stop(workers)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.splitlines()[-1])["version"] == 2
     assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
+    assert probe in {r[0] for r in _rows(repl_pair.master.port, hi, "pins")}  # run again: there
     assert "Traceback" not in log

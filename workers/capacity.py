@@ -124,12 +124,15 @@ def _move(rt: Runtime, lo: int, hi: int, master: str, slave: str, rows_per_range
                          "run the same move again (it resumes)")
     notice(f"copied by run {run_id}; catching up with the writes made meanwhile")
     lock.check("the catch-up, with nothing frozen or flipped")
-    before, _ = capmove.catch_up(rt.router, p)
+    before, _ = capmove.catch_up(rt.router, p, check=lambda s, table: lock.check(
+        f"the catch-up of {shard_db(s)}.{table}, with nothing frozen or flipped", s))
     lap("catch_up")
     lock.check("the freeze, with nothing frozen or flipped")
     capmove.freeze(rt.router, p, True)
     try:
-        during, rows = capmove.catch_up(rt.router, p, strict=True)
+        during, rows = capmove.catch_up(rt.router, p, strict=True, check=lambda s, table: (
+            lock.check(f"the frozen catch-up of {shard_db(s)}.{table}, with the map not "
+                       "flipped (the shards were thawed)", s)))
         lock.check("the flip, with the map not flipped (the shards were thawed)")
     except BaseException:
         capmove.freeze(rt.router, p, False)
@@ -167,9 +170,12 @@ def _flip(rt: Runtime, p: capmove.MovePlan, notice: Notice) -> int:
 def drop_sources(rt: Runtime, p: capmove.MovePlan, grace: float,
                  notice: Notice = _silent) -> list[str]:
     """After ``grace`` seconds (readers of the old map finish), drop the source copies
-    (holding the shards' move locks, as ``move`` does)."""
+    (holding the shards' move locks, as ``move`` does, and checking the shard's before each
+    DROP)."""
     if grace > 0:
         notice(f"dropping the source copies in {grace:g} s")
         time.sleep(grace)
-    with moving(rt.ledger.pool, p.lo, p.hi):
-        return capmove.drop_sources(rt.router, p)
+    with moving(rt.ledger.pool, p.lo, p.hi) as lock:
+        return capmove.drop_sources(rt.router, p, check=lambda s: lock.check(
+            f"dropping {p.sources[s]}:{shard_db(s)} (the source copies dropped before it stay "
+            "dropped; with --drop-source it drops the rest)", s))

@@ -13,6 +13,7 @@ and goes to the new home once its map is reloaded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -73,9 +74,13 @@ class MovePlan:
 
 def check_target(m: ShardMap, lo: int, hi: int, master: str, slave: str) -> None:
     """Refuse, in one line (``UsageError``), a ``--to`` pair the shards cannot move to: a host
-    the map does not name or lists under ``gone``, or a slave that is the current master of
-    one of the shards. (A master that already holds them is refused by ``plan``, unless an
-    earlier run of this move flipped them there.)"""
+    the map does not name or lists under ``gone``, one host named as both master and slave
+    (the shards would have no backup), or a slave that is the current master of one of the
+    shards. (A master that already holds them is refused by ``plan``, unless an earlier run
+    of this move flipped them there.)"""
+    if master == slave:
+        raise UsageError(f"--to {master[:64]}/{slave[:64]} names one host as both master and "
+                         "slave; name the new pair's own slave (MASTER/SLAVE, two hosts)")
     for role, name in (("master", master), ("slave", slave)):
         host_of(m, name, f"to {role}")
         if name in m.gone:
@@ -133,15 +138,19 @@ def _compare(router: Router, src: Host, dst: Host, s: int, table: str, lo: Span,
     return digest(router, src, s, table, *lo), theirs.result()
 
 
-def catch_up(router: Router, p: MovePlan, strict: bool = False) -> tuple[int, dict[str, int]]:
+def catch_up(router: Router, p: MovePlan, strict: bool = False,
+             check: Callable[[int, str], None] | None = None) -> tuple[int, dict[str, int]]:
     """Copy again every range whose digest differs between the copies; returns how many, and
     the rows per table. ``strict`` (the shards are frozen): the copies must then match,
-    range by range, in row count and hash (``FatalError`` naming the first that does not)."""
+    range by range, in row count and hash (``FatalError`` naming the first that does not).
+    ``check(shard, table)`` runs before each range (the move's lock: it raises to stop)."""
     n, rows = 0, dict.fromkeys(COLUMNS, 0)
     with ThreadPoolExecutor(max_workers=1) as pool:
         for (s, table), spans in sorted(p.spans.items()):
             src, dst = _hosts(router, p, s)
             for span in spans:
+                if check is not None:
+                    check(s, table)
                 ours, theirs = _compare(router, src, dst, s, table, span, pool)
                 if ours != theirs:
                     copy_range(None, router, src, dst, s, table, *span, replace_all=True)
@@ -229,11 +238,13 @@ def _source_there(router: Router, p: MovePlan, s: int) -> bool:
                              "schema_name = %s", (shard_db(s),), s)[0][0])
 
 
-def drop_sources(router: Router, p: MovePlan) -> list[str]:
+def drop_sources(router: Router, p: MovePlan,
+                 check: Callable[[int], None] | None = None) -> list[str]:
     """Drop the source copies of moved shards; returns every source copy of the move, each
     now gone. Every shard is checked first: if any source copy has not recorded the flip,
     ``FatalError`` naming them and nothing is dropped. A copy already gone (dropped by an
-    earlier run that stopped half way) counts as dropped, so running it again finishes."""
+    earlier run that stopped half way) counts as dropped, so running it again finishes.
+    ``check(shard)`` runs before each DROP (the move's lock: it raises to stop)."""
     there = [s for s in range(p.lo, p.hi + 1) if _source_there(router, p, s)]
     behind = [s for s in there if router.run_on(
         _hosts(router, p, s)[0], lambda cur, s=s: fencing.state(cur, s), s)[0] <= p.version]
@@ -243,6 +254,8 @@ def drop_sources(router: Router, p: MovePlan) -> list[str]:
         raise FatalError(f"{named}{more} has not recorded the move (run the same move again "
                          "to have it recorded); nothing dropped")
     for s in there:
+        if check is not None:
+            check(s)
         router.run_on(_hosts(router, p, s)[0], lambda cur, s=s: cur.execute(
             f"DROP DATABASE IF EXISTS `{shard_db(s)}`"), s)
     return [f"{p.sources[s]}:{shard_db(s)}" for s in range(p.lo, p.hi + 1)]

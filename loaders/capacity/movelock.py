@@ -14,7 +14,10 @@ idle limit (``LOCK_IDLE_TIMEOUT`` instead of ``pool.IDLE_TIMEOUT``, which a copy
 than 30 s outlived: the server closed the connection and the locks went with it). It can
 still be lost (a server restart, a ``KILL``, a network cut), so the move checks that it
 still holds every lock (``MoveLock.check``) before each step that a second move must not
-interleave with: the catch-up, the freeze and the flip; if not, it stops in one line.
+interleave with: the catch-up, the freeze and the flip; and the lock of one shard
+(``MoveLock.check(before, shard)``, one short statement) before each range the catch-up
+compares and before each source copy ``--drop-source`` drops, so a lock lost during a long
+catch-up or drop stops it there, not at the next step. If not, it stops in one line.
 """
 
 from __future__ import annotations
@@ -56,13 +59,15 @@ class MoveLock:
         self.cur, self.lo, self.hi = cur, lo, hi
         self.names = [lock_name(database, s) for s in range(lo, hi + 1)]
 
-    def check(self, before: str) -> None:
-        """``MoveLockLostError`` (one line) unless this connection still holds every lock;
-        ``before``: the step the move was about to take (named in the message)."""
+    def check(self, before: str, shard: int | None = None) -> None:
+        """``MoveLockLostError`` (one line) unless this connection still holds every lock (or
+        ``shard``'s alone); ``before``: the step the move was about to take (named in the
+        message)."""
+        names = self.names if shard is None else [self.names[shard - self.lo]]
         try:
             held = True
-            for i in range(0, len(self.names), CHECK_BATCH):
-                batch = self.names[i:i + CHECK_BATCH]
+            for i in range(0, len(names), CHECK_BATCH):
+                batch = names[i:i + CHECK_BATCH]
                 self.cur.execute("SELECT " + ", ".join(
                     ["IS_USED_LOCK(%s) <=> CONNECTION_ID()"] * len(batch)), batch)
                 held = held and all(self.cur.fetchone())
