@@ -5,6 +5,7 @@ migration wrote: ``LOAD DATA LOCAL INFILE`` (A) and one autocommitted ``INSERT``
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -100,9 +101,13 @@ def _load_files(bench: Bench, files: list[tuple[Target, Path, int]]) -> None:
         conn.close()
 
 
-def load_data(bench: Bench, files: list[tuple[Target, Path, int]]) -> Measure:
-    """Truncate the dumped tables and time loading them back, ``LOAD_THREADS`` in parallel."""
+def load_data(bench: Bench, files: list[tuple[Target, Path, int]],
+              before: Callable[[], None] | None = None) -> Measure:
+    """Truncate the dumped tables and time loading them back, ``LOAD_THREADS`` in parallel
+    (``before``: called between the truncation and the timed loads)."""
     empty_tables(bench, [t.name for t, _, _ in files])
+    if before is not None:
+        before()
     bins = balance(files, LOAD_THREADS)
     cpu = cpu_seconds(bench.server.proc.pid)
     start = time.perf_counter()
