@@ -297,3 +297,60 @@ def test_a_wait_for_an_item_no_reap_can_free_ends_with_the_error(plain_conn):
     conn.delete(accounting.JOB_PREFIX + job)
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         watch.poll()
+
+
+def test_a_job_reaped_while_its_worker_runs_it_leaves_no_false_loss(plain_conn):
+    """The sweep reaps a job whose hash went while its worker runs it (an eviction, a stray
+    DEL); the worker goes on and finishes every item. Those items were recorded in 'farm
+    failed' as lost and stayed there for good, though each ran."""
+    conn = plain_conn
+    enqueue_many(Q, "tests.kinds.loses_its_job", ITEMS[:5], connection=conn, id_key="key")
+    _drain(conn)
+    assert conn.exists("test:lost:k0") and conn.hlen("test:record") == 5
+    assert _failed(conn) == {}
+    assert _counter(conn) == 0 and accounting.in_flight(conn, Q) == {}
+    assert conn.hlen(keys.job_items(Q)) == 0
+
+
+@pytest.mark.parametrize("entries", ["named", "unnamed"])
+def test_a_reaped_job_whose_data_comes_back_and_runs_is_not_a_loss(plain_conn, entries):
+    """A queued job's hash goes (a partial restore, a DEL), the sweep reaps it, then the
+    hash is back (restored) and a worker runs it: its items are done, counted out once, and
+    no 'lost' record of them (by ID, or the job's 'IDs unknown' line) is left."""
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    saved = conn.dump(accounting.JOB_PREFIX + job)
+    conn.delete(accounting.JOB_PREFIX + job)
+    if entries == "unnamed":  # the index lost them too: the reap cannot name the items
+        for key in conn.keys(keys.inflight(Q, None)):
+            conn.delete(key)
+    while conn.hexists(keys.job_items(Q), job):
+        lost.sweep(conn, Q)
+    assert _counter(conn) == 0 and len(_failed(conn)) == (5 if entries == "named" else 1)
+    conn.restore(accounting.JOB_PREFIX + job, 0, saved)
+    _drain(conn)
+    assert conn.hlen("test:record") == 5
+    assert _failed(conn) == {}
+    assert _counter(conn) == 0 and accounting.in_flight(conn, Q) == {}
+
+
+def test_a_reaped_job_that_comes_back_and_fails_for_good_lists_each_item_once(plain_conn):
+    """Back after its reap, the job runs 2 items, checkpoints, and rq then gives up on it:
+    'farm failed' lists exactly its 3 unfinished items, by ID with their arguments, and
+    no longer the reap's line of the job (which would count them twice)."""
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    saved = conn.dump(accounting.JOB_PREFIX + job)
+    conn.delete(accounting.JOB_PREFIX + job)
+    for key in conn.keys(keys.inflight(Q, None)):
+        conn.delete(key)
+    while conn.hexists(keys.job_items(Q), job):
+        lost.sweep(conn, Q)
+    conn.restore(accounting.JOB_PREFIX + job, 0, saved)
+    assert accounting.advance(conn, Q, job, 2, 5, _keys(range(2))) == 0  # counted out: 0
+    conn.zadd(rq_queue(conn, Q).failed_job_registry.key, {job: time.time() + 600})
+    assert maintenance.settle_failed(conn, Q) == 1
+    failed = _failed(conn)
+    assert sorted(failed) == _keys(range(2, 5))
+    assert all(failed[k]["kwargs"] == ITEMS[int(k[1:])] for k in failed)
+    assert _counter(conn) == 0 and not conn.exists(keys.item_progress(job))
