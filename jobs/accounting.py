@@ -18,11 +18,12 @@ Three moments of an item's life change the books:
 - **settle** (an rq job that failed for good): removed from rq's failed
   registry once, its unfinished items recorded in ``farm failed`` with the
   reason, counted out and released.
-- **reap** (a job whose rq hash is gone or is not a hash: deleted, evicted, overwritten,
-  a partial restore): its unfinished items are counted out, those whose dedup entry
-  still names it are recorded in ``farm failed`` ("job data lost or overwritten in
-  Redis") and released, and the rest, whose IDs went with the job, are one record of
-  the job saying how many were lost.
+- **reap** (``jobs.lost``: a job whose rq hash is gone or is not a hash: deleted,
+  evicted, overwritten, a partial restore): its unfinished items are counted out, those
+  whose dedup entry still names it are recorded in ``farm failed`` ("job data lost or
+  overwritten in Redis") and released, and the rest, whose IDs went with the job, are
+  one record of the job saying how many were lost. A job reaped that runs after all counts nothing
+  again and takes back the reap's records of what it ran (``advance``).
 
 Which jobs hold counted items, and how many, is ``keys.job_items`` (job ID -> items),
 written by commit and removed by whichever of advance (at the end), settle or reap
@@ -182,40 +183,6 @@ for i = 3 + 3 * n, #ARGV - 1, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i +
 return 1
 """)
 
-# KEYS: jobs holding items, progress, counter, failed items, rq job. ARGV: job id, item
-# record, job record (with LOST_MARK where the count goes), (dedup bucket, id) pairs of items
-# it may carry. Nothing happens while the job is a hash. Its counted items are counted out
-# once (its entry in KEYS[1] goes; an entry that is not a count: the items named); each pair
-# whose entry still names it is released and recorded, unless it has a record already (its
-# worker failed it, with its arguments, before the checkpoint that would have released it);
-# items counted but not named are one record of the job. Returns {counted out, recorded}.
-_REAP = Script(None, _COUNT + b"""
-if redis.call('TYPE', KEYS[5]).ok == 'hash' then return {-1, 0} end
-local jid = ARGV[1]
-local entry = redis.call('HGET', KEYS[1], jid)
-local total, cur = nil, 0  -- read before any write: a read that fails leaves all as it was
-if entry then total, cur = count(entry), count(redis.call('GET', KEYS[2])) or 0 end
-local named = 0
-for i = 4, #ARGV, 2 do
-  if redis.call('HGET', ARGV[i], ARGV[i + 1]) == jid then
-    redis.call('HDEL', ARGV[i], ARGV[i + 1])
-    redis.call('HSETNX', KEYS[4], ARGV[i + 1], ARGV[2])
-    named = named + 1
-  end
-end
-local lost = 0
-if entry then
-  lost = total and math.max(0, total - cur) or named
-  redis.call('DECRBY', KEYS[3], lost)
-  redis.call('HDEL', KEYS[1], jid)
-  redis.call('DEL', KEYS[2])
-end
-if lost > named then
-  local text = string.gsub(ARGV[3], '@LOST@', tostring(lost - named))
-  redis.call('HSET', KEYS[4], 'job:' .. jid, text)
-end
-return {lost, named}
-""")
 # ARGV: rq job key prefix, (dedup bucket, id) pairs. Per item: '' no job carries it, '+' a
 # live job (a hash) carries it, else the ID of the job its entry names, which is not a hash.
 _HOLDS = Script(None, b"""
@@ -332,22 +299,6 @@ def settle(conn: redis.Redis, queue: str, failed_registry: str, job_id: str,
         keys=[failed_registry, keys.item_progress(job_id), keys.items_queued(queue),
               keys.failed_items(queue), JOB_PREFIX + job_id, keys.job_items(queue)],
         args=args, client=conn))
-
-
-def reap(conn: redis.Redis, queue: str, job_id: str, candidates: Sequence[str] = ()
-         ) -> tuple[int, int]:
-    """Count out the items of a job whose rq hash is gone or is not a hash, and record them
-    in ``farm failed``: those of ``candidates`` (item IDs it may carry) whose dedup entry
-    still names it one by one, the rest as one record of the job. Returns (items counted
-    out, items recorded); ``(-1, 0)`` when the job is a hash after all (nothing is done)."""
-    item = failure("?", None, lost_item_text(job_id), job_id=job_id)
-    whole = failure("?", None, f"{LOST_JOB_PREFIX}{LOST_MARK} unfinished item(s) of job "
-                    f"{job_id} went with it, their IDs unknown", job_id=job_id)
-    lost, named = _REAP(
-        keys=[keys.job_items(queue), keys.item_progress(job_id), keys.items_queued(queue),
-              keys.failed_items(queue), JOB_PREFIX + job_id],
-        args=[job_id, item, whole, *buckets(queue, candidates)], client=conn)
-    return int(lost), int(named)
 
 
 def failure(function: object, kwargs: object, error: str, *, attempts: int = 0,

@@ -17,7 +17,7 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from farmcore import keys
-from jobs import accounting, enqueue_many, lost, settle
+from jobs import accounting, enqueue_many, lost
 from jobs.items import _fail
 from jobs.itemwait import ItemWatch
 from jobs.policy import JobPolicy
@@ -25,6 +25,7 @@ from jobs.queue import rq_queue
 from jobs.settle import retry_failed
 from shardfarm.errors import FatalError
 from tests.conftest import ROOT
+from tests.servers import PrivateRedis
 from workers import maintenance
 
 Q = "lq"
@@ -56,11 +57,32 @@ def _keys(n: range) -> list[str]:
     return [f"k{i}" for i in n]
 
 
+def _sweep(conn: redis.Redis) -> int:
+    """Housekeeping's sweep, round after round until no job is marked lost (a pass of the
+    dedup index: ``DEDUP_BUCKETS / SCAN_BUCKETS`` rounds at most); items counted out."""
+    n = lost.sweep(conn, Q)
+    for _ in range(accounting.DEDUP_BUCKETS // lost.SCAN_BUCKETS + 1):
+        if not conn.zcard(keys.lost_jobs(Q)):
+            return n
+        n += lost.sweep(conn, Q)
+    raise AssertionError("a pass of the dedup index did not count the lost jobs out")
+
+
+def _housekeep(rt) -> None:
+    """Housekeeping rounds (each lock taken afresh) until no job is marked lost."""
+    for i in range(accounting.DEDUP_BUCKETS // lost.SCAN_BUCKETS + 2):
+        rt.redis.delete(keys.leader(f"maintenance:queue:{Q}"))
+        maintenance.run_once(rt, f"me{i}", [Q])
+        if not rt.redis.zcard(keys.lost_jobs(Q)):
+            return
+    raise AssertionError("housekeeping did not count the lost jobs out")
+
+
 def test_housekeeping_counts_out_and_records_the_items_of_a_deleted_job(rt):
     conn = rt.redis
     lost_job, _ = _enqueue(conn)
     conn.delete(accounting.JOB_PREFIX + lost_job)          # the fault: the job's hash goes
-    maintenance.run_once(rt, "me", [Q])
+    _housekeep(rt)
     assert _counter(conn) == 5
     failed = _failed(conn)
     assert sorted(failed) == _keys(range(5))
@@ -86,7 +108,7 @@ def test_a_job_overwritten_with_a_string_blocks_nothing_and_is_counted_out(rt):
     assert again.as_dict() == {"enqueued": 5, "duplicates": 0}
     _drain(conn)                                   # the worker skips the string, runs the rest
     assert conn.hlen("test:record") == 10
-    maintenance.run_once(rt, "me", [Q])
+    _housekeep(rt)
     assert _counter(conn) == 0
     record = _failed(conn)[f"job:{lost_job}"]      # its items moved on: only the loss is told
     assert REASON in record["error"] and "5 unfinished item(s)" in record["error"]
@@ -98,10 +120,10 @@ def test_a_job_lost_half_way_counts_out_only_its_unfinished_items(plain_conn):
     (job,) = _enqueue(conn, batch=10)
     assert accounting.advance(conn, Q, job, 4, 10, _keys(range(4))) == 4
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 6
+    assert _sweep(conn) == 6
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(4, 10))
     assert accounting.in_flight(conn, Q) == {}
-    assert lost.sweep(conn, Q) == 0 and _counter(conn) == 0
+    assert _sweep(conn) == 0 and _counter(conn) == 0
 
 
 def test_a_job_that_finishes_while_housekeeping_looks_is_counted_once(plain_conn, monkeypatch):
@@ -117,7 +139,7 @@ def test_a_job_that_finishes_while_housekeeping_looks_is_counted_once(plain_conn
         return real(c, job_ids)
 
     monkeypatch.setattr(lost, "not_hashes", finishes_meanwhile)
-    assert lost.sweep(conn, Q) == 0
+    assert _sweep(conn) == 0
     assert _counter(conn) == 0 and _failed(conn) == {}
 
 
@@ -125,11 +147,11 @@ def test_a_worker_still_running_a_reaped_job_cannot_count_it_again(plain_conn):
     conn = plain_conn
     (job,) = _enqueue(conn, ITEMS[:5])
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 5 and _counter(conn) == 0
+    assert _sweep(conn) == 5 and _counter(conn) == 0
     conn.hset(accounting.JOB_PREFIX + job, "last_heartbeat", "x")  # its heartbeat writes again
     assert accounting.advance(conn, Q, job, 5, 5, _keys(range(5))) == 0
     assert _counter(conn) == 0
-    assert accounting.reap(conn, Q, job, _keys(range(5))) == (-1, 0)  # a hash again: left be
+    assert lost.reap(conn, Q, job, _keys(range(5))) == (-1, 0)  # a hash again: left be
 
 
 def test_a_failed_job_whose_data_is_gone_is_settled_with_its_items(plain_conn):
@@ -138,6 +160,7 @@ def test_a_failed_job_whose_data_is_gone_is_settled_with_its_items(plain_conn):
     conn.zadd(rq_queue(conn, Q).failed_job_registry.key, {job: time.time() + 600})
     conn.delete(accounting.JOB_PREFIX + job)      # e.g. its failure_ttl ran out first
     assert maintenance.settle_failed(conn, Q) == 1
+    _sweep(conn)
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
     assert rq_queue(conn, Q).failed_job_registry.count == 0
 
@@ -206,7 +229,7 @@ def test_reaping_keeps_the_failure_record_an_item_already_has(plain_conn):
     (job,) = _enqueue(conn, ITEMS[:5])
     _fail(conn, Q, "tests.kinds.record", ["k0", ITEMS[0]], 1, FatalError("bad k0"), job)
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 5
+    assert _sweep(conn) == 5
     failed = _failed(conn)
     assert failed["k0"]["kwargs"] == ITEMS[0] and "bad k0" in failed["k0"]["error"]
     assert all(REASON in failed[k]["error"] for k in _keys(range(1, 5)))
@@ -223,7 +246,7 @@ def test_a_sweep_cursor_written_by_anyone_does_not_stop_the_sweep(plain_conn, cu
     else:
         conn.set(keys.lost_sweep(Q), cursor)
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 5
+    assert _sweep(conn) == 5
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
 
 
@@ -235,7 +258,7 @@ def test_a_count_written_into_job_items_stops_no_reap(plain_conn, count):
     first, second = _enqueue(conn)
     conn.hset(keys.job_items(Q), first, count)
     conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
-    assert lost.sweep(conn, Q) == 10
+    assert _sweep(conn) == 10
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
     assert conn.hlen(keys.job_items(Q)) == 0 and accounting.in_flight(conn, Q) == {}
 
@@ -247,6 +270,7 @@ def test_settling_a_failed_job_whose_count_is_not_a_number(plain_conn):
     conn.zadd(registry.key, {job: time.time() + 600})
     conn.hset(keys.job_items(Q), job, "lots")
     assert maintenance.settle_failed(conn, Q) == 1
+    _sweep(conn)
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
     assert registry.count == 0 and conn.hlen(keys.job_items(Q)) == 0
 
@@ -256,34 +280,26 @@ def test_a_job_the_reap_fails_on_does_not_stop_the_others(plain_conn):
     first, second = _enqueue(conn)
     conn.rpush(keys.item_progress(first), "not a resume point")   # GET fails on it
     conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
-    assert lost.sweep(conn, Q) == 5
+    assert _sweep(conn) == 5
     assert _counter(conn) == 5 and sorted(_failed(conn)) == _keys(range(5, 10))
     assert conn.hkeys(keys.job_items(Q)) == [first.encode()]      # left as it was, whole
     assert accounting.in_flight(conn, Q) == {k: first for k in _keys(range(5))}
 
 
-def test_settling_failed_jobs_whose_data_is_gone_reads_the_dedup_index_once(plain_conn,
-                                                                              monkeypatch):
+def test_settling_failed_jobs_whose_data_is_gone_reads_no_dedup_index(plain_conn):
     """Each such job read the whole dedup index (65,536 buckets, over a second even when
-    empty) one after the other: a few of them held housekeeping past its lock."""
+    empty): settling only marks them, and the sweep's scan finds their items."""
     conn = plain_conn
     jobs = _enqueue(conn, batch=2)
     registry = rq_queue(conn, Q).failed_job_registry
     conn.zadd(registry.key, {job: time.time() + 600 for job in jobs})
     conn.delete(*(accounting.JOB_PREFIX + job for job in jobs))
-    scans = []
-
-    def counted(*args):
-        scans.append(args)
-        return real(*args)
-
-    real = lost.holders
-    monkeypatch.setattr(lost, "holders", counted)
-    monkeypatch.setattr(settle, "holders", counted)
     assert maintenance.settle_failed(conn, Q) == 5
-    assert len(scans) == 1
+    assert registry.count == 0 and conn.zcard(keys.lost_jobs(Q)) == 5
+    assert _counter(conn) == 10 and _failed(conn) == {} and conn.get(keys.lost_scan(Q)) is None
+    assert _sweep(conn) == 10
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
-    assert registry.count == 0 and accounting.in_flight(conn, Q) == {}
+    assert accounting.in_flight(conn, Q) == {} and conn.hlen(keys.lost_named(Q)) == 0
 
 
 def test_a_wait_for_an_item_no_reap_can_free_ends_with_the_error(plain_conn):
@@ -325,7 +341,7 @@ def test_a_reaped_job_whose_data_comes_back_and_runs_is_not_a_loss(plain_conn, e
         for key in conn.keys(keys.inflight(Q, None)):
             conn.delete(key)
     while conn.hexists(keys.job_items(Q), job):
-        lost.sweep(conn, Q)
+        _sweep(conn)
     assert _counter(conn) == 0 and len(_failed(conn)) == (5 if entries == "named" else 1)
     conn.restore(accounting.JOB_PREFIX + job, 0, saved)
     _drain(conn)
@@ -345,7 +361,7 @@ def test_a_reaped_job_that_comes_back_and_fails_for_good_lists_each_item_once(pl
     for key in conn.keys(keys.inflight(Q, None)):
         conn.delete(key)
     while conn.hexists(keys.job_items(Q), job):
-        lost.sweep(conn, Q)
+        _sweep(conn)
     conn.restore(accounting.JOB_PREFIX + job, 0, saved)
     assert accounting.advance(conn, Q, job, 2, 5, _keys(range(2))) == 0  # counted out: 0
     conn.zadd(rq_queue(conn, Q).failed_job_registry.key, {job: time.time() + 600})
@@ -354,3 +370,69 @@ def test_a_reaped_job_that_comes_back_and_fails_for_good_lists_each_item_once(pl
     assert sorted(failed) == _keys(range(2, 5))
     assert all(failed[k]["kwargs"] == ITEMS[int(k[1:])] for k in failed)
     assert _counter(conn) == 0 and not conn.exists(keys.item_progress(job))
+
+
+@pytest.fixture
+def big_index():
+    """A private Redis (its command counts are this test's alone) whose dedup index holds
+    400,000 items of a live job, beside which 3 jobs of 5 items each are then lost."""
+    server = PrivateRedis.start()
+    conn = redis.Redis.from_url(server.url())
+    try:
+        conn.hset(accounting.JOB_PREFIX + "live", "status", "started")
+        per_bucket: dict[str, dict[str, str]] = {}
+        for i in range(BIG_INDEX):
+            item = f"big{i}"
+            per_bucket.setdefault(accounting.buckets(Q, [item])[0], {})[item] = "live"
+        with conn.pipeline(transaction=False) as pipe:
+            for bucket, entries in per_bucket.items():
+                pipe.hset(bucket, mapping=entries)
+            pipe.execute()
+        yield conn
+    finally:
+        conn.close()
+        server.stop()
+
+
+BIG_INDEX = 400_000
+
+
+def test_a_mass_loss_reads_the_dedup_index_in_bounded_slices(big_index):
+    """Each sweep round with a lost job read the whole dedup index (65,536 buckets, all its
+    entries into the client), round after round while jobs were lost: time and memory grew
+    with the index. A round now reads at most SCAN_BUCKETS buckets, stops once SCAN_ITEMS
+    entries were read, and sends back only the lost jobs' items; a pass reaps them all."""
+    conn = big_index
+    jobs = _enqueue(conn, [{"key": f"k{i}", "value": i} for i in range(15)])
+    conn.delete(*(accounting.JOB_PREFIX + job for job in jobs))
+    before = accounting.in_flight(conn, Q)
+    assert len(before) == BIG_INDEX + 15
+    per_call = max(conn.hlen(b) for b in conn.scan_iter(match=keys.inflight(Q, None),
+                                                        count=10_000)) * lost.SCAN_CALL
+    rounds, counted = 0, 0
+    while rounds == 0 or conn.zcard(keys.lost_jobs(Q)):
+        rounds += 1
+        assert rounds <= 2 * accounting.DEDUP_BUCKETS // lost.SCAN_CALL
+        calls, sent = _stats(conn)
+        counted += lost.sweep(conn, Q)
+        calls2, sent2 = _stats(conn)
+        assert calls2 - calls <= lost.SCAN_BUCKETS        # buckets read this round
+        assert sent2 - sent < 200_000                     # bytes to the client this round
+    assert counted == 15 and _counter(conn) == 0
+    assert sorted(_failed(conn)) == sorted(f"k{i}" for i in range(15))
+    assert accounting.in_flight(conn, Q) == {k: v for k, v in before.items() if v == "live"}
+    out = lost.scan(conn, Q)  # nothing marked: nothing read
+    assert (out.buckets, out.entries) == (0, 0)
+    job = _enqueue(conn, [{"key": "m", "value": 1}])[-1]
+    conn.delete(accounting.JOB_PREFIX + job)
+    conn.hset(keys.job_items(Q), job, 2)  # an item the index does not name: a whole pass
+    assert lost.reap(conn, Q, job, final=False) == (0, 0)  # marked
+    out = lost.scan(conn, Q)
+    assert out.buckets <= lost.SCAN_BUCKETS
+    assert lost.SCAN_ITEMS <= out.entries <= lost.SCAN_ITEMS + per_call
+
+
+def _stats(conn: redis.Redis) -> tuple[int, int]:
+    """HGETALL calls (a script's too) and bytes sent to clients, since the server started."""
+    cmd = conn.info("commandstats").get("cmdstat_hgetall", {}).get("calls", 0)
+    return int(cmd), int(conn.info("stats")["total_net_output_bytes"])
