@@ -37,6 +37,25 @@ def lost_sweep(queue: str) -> str:
     return f"{PREFIX}:lostsweep:{queue}"
 
 
+def lost_jobs(queue: str) -> str:
+    """Sorted set of the jobs of ``queue`` found lost whose items are being looked for in the
+    dedup index, a slice a round: job ID -> the ``lost_scan`` count at which a whole pass of
+    the index since it was found is done (it is then counted out and recorded)."""
+    return f"{PREFIX}:lostjobs:{queue}"
+
+
+def lost_named(queue: str) -> str:
+    """Hash of the jobs in ``lost_jobs``: job ID -> how many of its items were found in the
+    dedup index (released and recorded) so far."""
+    return f"{PREFIX}:lostnamed:{queue}"
+
+
+def lost_scan(queue: str) -> str:
+    """Counter of the dedup buckets of ``queue`` the lost-job scan has claimed (the next slice
+    starts at this count modulo the number of buckets)."""
+    return f"{PREFIX}:lostscan:{queue}"
+
+
 def item_progress(job_id: str) -> str:
     """How many items of a multi-item job are already done (resume point after a crash)."""
     return f"{PREFIX}:progress:{job_id}"

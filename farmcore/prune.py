@@ -77,14 +77,16 @@ def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:
             (*states, older_than_s))
 
 
-def prunable(pool: Pool, older_than_s: int, include_failed: bool = False) -> list[str]:
+def prunable(pool: Pool, older_than_s: int, include_failed: bool = False, *,
+             pruning_s: int = 0) -> list[str]:
     """Runs that ended more than ``older_than_s`` seconds ago, oldest first, with no chunk
     pending or running (``done`` runs; ``failed`` ones too when asked), and runs a prune
-    left half pruned."""
+    left half pruned (those that ended ``pruning_s`` seconds ago or more)."""
     cond, args = _ended(include_failed, older_than_s)
     return [r[0] for r in pool.query(
-        f"SELECT r.run_id FROM runs r WHERE r.status = '{PRUNING}' OR ({cond}) "
-        "ORDER BY r.finished_at", args)]
+        f"SELECT r.run_id FROM runs r WHERE (r.status = '{PRUNING}' AND (%s = 0 OR "
+        f"r.finished_at < NOW(3) - INTERVAL %s SECOND)) OR ({cond}) ORDER BY r.finished_at",
+        (pruning_s, pruning_s, *args))]
 
 
 Fences = Callable[[list[str], bool], int]  # (run IDs, dry run) -> fence rows deleted (counted)
@@ -111,8 +113,8 @@ def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 
             report.runs += 1
             _delete_run(pool, run_id, batch, report, on_batch)
     if fences is not None:
-        old = prunable(pool, max(older_than_s, FENCE_FLOOR_S), include_failed) \
-            if dry_run else []
+        old = prunable(pool, max(older_than_s, FENCE_FLOOR_S), include_failed,
+                       pruning_s=FENCE_FLOOR_S) if dry_run else []
         report.fences = _forget_fences(pool, fences, fences_due(pool) + old, dry_run)
     return report
 

@@ -18,11 +18,12 @@ Three moments of an item's life change the books:
 - **settle** (an rq job that failed for good): removed from rq's failed
   registry once, its unfinished items recorded in ``farm failed`` with the
   reason, counted out and released.
-- **reap** (a job whose rq hash is gone or is not a hash: deleted, evicted, overwritten,
-  a partial restore): its unfinished items are counted out, those whose dedup entry
-  still names it are recorded in ``farm failed`` ("job data lost or overwritten in
-  Redis") and released, and the rest, whose IDs went with the job, are one record of
-  the job saying how many were lost.
+- **reap** (``jobs.lost``: a job whose rq hash is gone or is not a hash: deleted,
+  evicted, overwritten, a partial restore): its unfinished items are counted out, those
+  whose dedup entry still names it are recorded in ``farm failed`` ("job data lost or
+  overwritten in Redis") and released, and the rest, whose IDs went with the job, are
+  one record of the job saying how many were lost. A job reaped that runs after all counts nothing
+  again and takes back the reap's records of what it ran (``advance``).
 
 Which jobs hold counted items, and how many, is ``keys.job_items`` (job ID -> items),
 written by commit and removed by whichever of advance (at the end), settle or reap
@@ -125,35 +126,69 @@ redis.call('HSET', KEYS[3], jid, ARGV[3])
 return {}
 """)
 
-# KEYS: progress, counter, rq job, jobs holding items. ARGV: job id, new progress, items in
-# the job, (dedup bucket, id) pairs to release... Only a job that still holds counted items
-# (its entry in KEYS[4]) and is a hash not marked done moves: a zombie, or a job whose items
-# were settled or reaped meanwhile, cannot count twice. The progress has no expiry: it lives
-# exactly as long as the job's entry (whatever removes the entry, the end of advance, settle
-# or reap, deletes it), however long the job waits half done.
-_ADVANCE = Script(None, _COUNT + b"""
-if redis.call('TYPE', KEYS[3]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[3], 'farm_done') == 1
-    or redis.call('TYPE', KEYS[4]).ok ~= 'hash'
-    or redis.call('HEXISTS', KEYS[4], ARGV[1]) == 0 then
-  return 0
+# Removes the record ``failed[field]`` if it is the reap's record of job ``jid`` (its error
+# text is ``text``, or starts with it when ``prefix``): the job ran after all. Records that
+# are not the reap's JSON, or a key that is not a hash, are left as they are.
+_UNLOST = b"""
+local function unlost(failed, field, jid, text, prefix)
+  if redis.call('TYPE', failed).ok ~= 'hash' then return end
+  local rec = redis.call('HGET', failed, field)
+  if not rec then return end
+  local ok, doc = pcall(cjson.decode, rec)
+  if ok and type(doc) == 'table' and doc.job == jid and type(doc.error) == 'string' and
+      (doc.error == text or (prefix and string.sub(doc.error, 1, #text) == text)) then
+    redis.call('HDEL', failed, field)
+  end
 end
-local cur = resume_point(KEYS[1], tonumber(ARGV[3]))
-local new = tonumber(ARGV[2])
-if new <= cur then return 0 end
-counter(KEYS[2])
-redis.call('DECRBY', KEYS[2], new - cur)
-if new >= tonumber(ARGV[3]) then
-  redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[3], 'farm_done', 1)
-  redis.call('HDEL', KEYS[4], ARGV[1])
-else
-  redis.call('SET', KEYS[1], new)
+"""
+
+# KEYS: progress, counter, rq job, jobs holding items, failed items. ARGV: job id, new
+# progress, items in the job, the reap's item text, the reap's job text, (dedup bucket, id)
+# pairs to release... Only a job that still holds counted items (its entry in KEYS[4]) and is
+# a hash not marked done moves the counter: a zombie, or a job whose items were settled or
+# reaped meanwhile, cannot count twice. The progress has no expiry while the job counts items:
+# it lives exactly as long as the job's entry (whatever removes the entry, the end of advance,
+# settle or reap, deletes it), however long the job waits half done. A job reaped (its hash
+# looked gone) that runs after all (its hash back, or its worker still at it) counts nothing
+# but is followed as any other: its progress kept (a week at most: no entry governs it), done
+# at the end, and the reap's 'lost' records of the items it released (and at the end its
+# 'IDs unknown' record) removed: those items ran. Whatever else was written into these keys
+# is read as nothing (``_COUNT``, ``_SAFE``) before the first write.
+_ADVANCE = Script(None, _COUNT + _UNLOST + b"""
+local jid, new, total = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local job = redis.call('TYPE', KEYS[3]).ok == 'hash'
+if job and redis.call('HEXISTS', KEYS[3], 'farm_done') == 1 then return 0 end
+local counted, moved = false, 0
+if redis.call('TYPE', KEYS[4]).ok == 'hash' then
+  counted = redis.call('HEXISTS', KEYS[4], jid) == 1
 end
-for i = 4, #ARGV, 2 do
-  if holder(ARGV[i], ARGV[i + 1]) == ARGV[1] then redis.call('HDEL', ARGV[i], ARGV[i + 1]) end
+local cur = resume_point(KEYS[1], total)
+if counted then
+  if not job then return 0 end
+  if new <= cur then return 0 end
+  counter(KEYS[2])
+  redis.call('DECRBY', KEYS[2], new - cur)
+  moved = new - cur
+  if new >= total then redis.call('HDEL', KEYS[4], jid) end
 end
-return new - cur
+if job and (counted or new > cur) then
+  if new >= total then
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[3], 'farm_done', 1)
+  elseif counted then
+    redis.call('SET', KEYS[1], new)
+  else
+    redis.call('SET', KEYS[1], new, 'EX', 604800)
+  end
+end
+for i = 6, #ARGV, 2 do
+  if holder(ARGV[i], ARGV[i + 1]) == jid then redis.call('HDEL', ARGV[i], ARGV[i + 1]) end
+  if not counted then unlost(KEYS[5], ARGV[i + 1], jid, ARGV[4], false) end
+end
+if not counted and new >= total then unlost(KEYS[5], 'job:' .. jid, jid, ARGV[5], true) end
+return moved
 """)
+
 
 # KEYS: rq failed registry, progress, counter, failed items, rq job, jobs holding items.
 # ARGV: job id, n item records, (dedup bucket, id, record) per item in order, then (id,
@@ -162,8 +197,9 @@ return new - cur
 # already (done, or reaped: none is recorded), or never counted (a job written into Redis by
 # hand, not by commit: its items past its progress are recorded, nothing is counted out).
 # The job is marked done only if its hash exists (a job gone, or a key that is not a hash, is
-# left as it is).
-_SETTLE = Script(None, _COUNT + b"""
+# left as it is). The last ARGV is the reap's job text: a job reaped and back (no entry, a
+# hash) whose items are recorded here by ID no longer has the reap's 'IDs unknown' record.
+_SETTLE = Script(None, _COUNT + _UNLOST + b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 hashes(KEYS[4], KEYS[6])
 counter(KEYS[3])
@@ -180,49 +216,16 @@ elseif not job or redis.call('HEXISTS', KEYS[5], 'farm_done') == 1 then
 end
 redis.call('DEL', KEYS[2])
 if job then redis.call('HSET', KEYS[5], 'farm_done', 1) end
+if total < 0 and cur < n then unlost(KEYS[4], 'job:' .. ARGV[1], ARGV[1], ARGV[#ARGV], true) end
 for i = cur + 1, n do
   local bucket, id = ARGV[3 * i], ARGV[1 + 3 * i]
   redis.call('HSET', KEYS[4], id, ARGV[2 + 3 * i])
   if holder(bucket, id) == ARGV[1] then redis.call('HDEL', bucket, id) end
 end
-for i = 3 + 3 * n, #ARGV, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
+for i = 3 + 3 * n, #ARGV - 1, 2 do redis.call('HSET', KEYS[4], ARGV[i], ARGV[i + 1]) end
 return 1
 """)
 
-# KEYS: jobs holding items, progress, counter, failed items, rq job. ARGV: job id, item
-# record, job record (with LOST_MARK where the count goes), (dedup bucket, id) pairs of items
-# it may carry. Nothing happens while the job is a hash. Its counted items are counted out
-# once (its entry in KEYS[1] goes; an entry that is not a count: the items named); each pair
-# whose entry still names it is released and recorded, unless it has a record already (its
-# worker failed it, with its arguments, before the checkpoint that would have released it);
-# items counted but not named are one record of the job. Returns {counted out, recorded}.
-_REAP = Script(None, _COUNT + b"""
-if redis.call('TYPE', KEYS[5]).ok == 'hash' then return {-1, 0} end
-local jid = ARGV[1]
-local entry = redis.call('HGET', KEYS[1], jid)
-local total, cur = nil, 0  -- read before any write: a read that fails leaves all as it was
-if entry then total, cur = count(entry), count(redis.call('GET', KEYS[2])) or 0 end
-local named = 0
-for i = 4, #ARGV, 2 do
-  if redis.call('HGET', ARGV[i], ARGV[i + 1]) == jid then
-    redis.call('HDEL', ARGV[i], ARGV[i + 1])
-    redis.call('HSETNX', KEYS[4], ARGV[i + 1], ARGV[2])
-    named = named + 1
-  end
-end
-local lost = 0
-if entry then
-  lost = total and math.max(0, total - cur) or named
-  redis.call('DECRBY', KEYS[3], lost)
-  redis.call('HDEL', KEYS[1], jid)
-  redis.call('DEL', KEYS[2])
-end
-if lost > named then
-  local text = string.gsub(ARGV[3], '@LOST@', tostring(lost - named))
-  redis.call('HSET', KEYS[4], 'job:' .. jid, text)
-end
-return {lost, named}
-""")
 # ARGV: rq job key prefix, (dedup bucket, id) pairs. Per item: '' no job carries it, '+' a
 # live job (a hash) carries it, else the ID of the job its entry names, which is not a hash.
 _HOLDS = Script(None, _SAFE + b"""
@@ -238,6 +241,13 @@ return out
 LOST_MARK = "@LOST@"
 HOLDS_ROUND = 10_000  # items one _HOLDS call looks at (a script blocks Redis while it runs)
 LOST_REASON = "job data lost or overwritten in Redis"
+LOST_JOB_PREFIX = f"{LOST_REASON}: "  # how the reap's record of a job's unnamed items begins
+
+
+def lost_item_text(job_id: str) -> str:
+    """The error of the reap's record of an item of ``job_id`` (what ``advance`` looks for
+    to remove it when the job runs after all)."""
+    return f"{LOST_REASON} (job {job_id}): its function and arguments went with it"
 
 
 def buckets(queue: str, ids: Iterable[str]) -> list[str]:
@@ -306,8 +316,9 @@ def advance(conn: redis.Redis, queue: str, job_id: str, progress: int, total: in
     marked done and its resume point dropped); returns how far it actually moved."""
     return int(_ADVANCE(
         keys=[keys.item_progress(job_id), keys.items_queued(queue), JOB_PREFIX + job_id,
-              keys.job_items(queue)],
-        args=[job_id, progress, total, *buckets(queue, released)], client=conn))
+              keys.job_items(queue), keys.failed_items(queue)],
+        args=[job_id, progress, total, lost_item_text(job_id), LOST_JOB_PREFIX,
+              *buckets(queue, released)], client=conn))
 
 
 def progress(conn: redis.Redis, job_id: str, total: int) -> int:
@@ -333,27 +344,11 @@ def settle(conn: redis.Redis, queue: str, failed_registry: str, job_id: str,
         args += [*buckets(queue, [item]), record]
     for pair in extra_records:
         args.extend(pair)
+    args.append(LOST_JOB_PREFIX)
     return bool(_SETTLE(
         keys=[failed_registry, keys.item_progress(job_id), keys.items_queued(queue),
               keys.failed_items(queue), JOB_PREFIX + job_id, keys.job_items(queue)],
         args=args, client=conn))
-
-
-def reap(conn: redis.Redis, queue: str, job_id: str, candidates: Sequence[str] = ()
-         ) -> tuple[int, int]:
-    """Count out the items of a job whose rq hash is gone or is not a hash, and record them
-    in ``farm failed``: those of ``candidates`` (item IDs it may carry) whose dedup entry
-    still names it one by one, the rest as one record of the job. Returns (items counted
-    out, items recorded); ``(-1, 0)`` when the job is a hash after all (nothing is done)."""
-    item = failure("?", None, f"{LOST_REASON} (job {job_id}): its function and arguments "
-                   "went with it", job_id=job_id)
-    whole = failure("?", None, f"{LOST_REASON}: {LOST_MARK} unfinished item(s) of job "
-                    f"{job_id} went with it, their IDs unknown", job_id=job_id)
-    lost, named = _REAP(
-        keys=[keys.job_items(queue), keys.item_progress(job_id), keys.items_queued(queue),
-              keys.failed_items(queue), JOB_PREFIX + job_id],
-        args=[job_id, item, whole, *buckets(queue, candidates)], client=conn)
-    return int(lost), int(named)
 
 
 def failure(function: object, kwargs: object, error: str, *, attempts: int = 0,

@@ -5,9 +5,10 @@ holds a record of it.
 Both are changed by one Lua script each (``jobs.accounting``), so an item is never seen
 released without its failure record. An item whose entry names a job whose data is gone
 from Redis (deleted, evicted, overwritten) would never be released by a worker: the watch
-reaps that job itself (``jobs.lost.reap_jobs``: the item is recorded as failed), so a
-wait always ends and never calls a lost item done. Only items still open are asked about,
-10,000 per round trip.
+reaps the items it watches of that job itself (``jobs.lost.reap_jobs``: each is recorded
+as failed; the job is counted out at once if they were all it had left, else by the
+housekeeping's sweep, which finds the others), so a wait always ends and never calls a
+lost item done. Only items still open are asked about, 10,000 per round trip.
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ class ItemWatch:
         """Those of ``ids`` no live job carries, once the jobs whose data is gone that
         carried some were reaped (their items then free, with a failure record)."""
         states = holds(self.conn, self.queue, ids)
-        lost = {state for state in states if state not in ("", "+")}
-        if lost:  # every item each carried, watched here or not, is found and recorded
-            reap_jobs(self.conn, self.queue, sorted(lost))
+        lost: dict[str, list[str]] = {}
+        for item, state in zip(ids, states, strict=True):
+            if state not in ("", "+"):
+                lost.setdefault(state, []).append(item)
+        if lost:  # the items watched here are recorded now; the sweep finds the others
+            reap_jobs(self.conn, self.queue, sorted(lost), lost)
             states = holds(self.conn, self.queue, ids)
         return [item for item, state in zip(ids, states, strict=True) if state == ""]

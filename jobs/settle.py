@@ -25,7 +25,7 @@ from rq.job import Job
 from farmcore import keys
 from jobs import accounting
 from jobs.farmjob import FarmJob
-from jobs.lost import holders
+from jobs.lost import reap_jobs
 from jobs.policy import CHUNK_FUNCTION, ENTRY_POINT, JobPolicy
 from jobs.queue import enqueue_items, rq_queue
 
@@ -68,9 +68,9 @@ def settle_job(conn: redis.Redis, queue: str, job_id: str) -> bool:
     registry = rq_queue(conn, queue).failed_job_registry.key
     try:
         job = FarmJob.fetch(job_id, connection=conn, serializer=rq_queue(conn, queue).serializer)
-    except NoSuchJobError:  # its data is gone (expired, deleted, not a hash): reaped
-        accounting.reap(conn, queue, job_id, _carried(conn, queue, job_id))
-        return accounting.settle(conn, queue, registry, job_id, [])
+    except NoSuchJobError:  # its data is gone (expired, deleted, not a hash): reaped by the
+        reap_jobs(conn, queue, [job_id])  # lost-job scan (jobs.lost), which finds its items
+        return bool(conn.zrem(registry, job_id))
     total, items, whole = _records(job, job.unreadable or reason_of(job))
     if not accounting.settle(conn, queue, registry, job_id, items, whole):
         return False
@@ -79,14 +79,6 @@ def settle_job(conn: redis.Redis, queue: str, job_id: str) -> bool:
     log.warning("job %s of queue %s failed for good: %d item(s) recorded in 'farm failed'",
                 job_id, queue, max(total, len(whole)))
     return True
-
-
-def _carried(conn: redis.Redis, queue: str, job_id: str) -> list[str]:
-    """IDs of the items whose dedup entry names ``job_id`` (only when it still counts items:
-    a scan of the queue's dedup index)."""
-    if not conn.hexists(keys.job_items(queue), job_id):
-        return []
-    return holders(conn, queue, {job_id}).get(job_id, [])
 
 
 def _record(raw: bytes) -> dict:

@@ -269,3 +269,18 @@ def feeds_frozen(ctx, freeze_once: str, **args):
     if not getattr(feeds.swap_feeds, "frozen", False):
         feeds.swap_feeds = freezing(feeds.swap_feeds)
     return feeds.rebuild_chunk(ctx, **args)
+
+
+def loses_its_job(key: str, value: int) -> None:
+    """Like ``record``; the first run of key ``k0`` first deletes its own job's rq hash and
+    runs housekeeping's lost-job sweep until the job is reaped, the way an eviction or a
+    stray DEL seen by housekeeping would, while the worker goes on with the batch."""
+    from farmcore import keys
+    from jobs import accounting, lost
+    job = get_current_job()
+    conn = job.connection
+    if key == "k0" and conn.set(f"test:lost:{key}", 1, nx=True):
+        conn.delete(accounting.JOB_PREFIX + job.id)
+        while conn.hexists(keys.job_items(job.origin), job.id):
+            lost.sweep(conn, job.origin)
+    record(key, value)

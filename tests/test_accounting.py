@@ -8,7 +8,7 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from farmcore import keys
-from jobs import accounting, enqueue_many
+from jobs import accounting, enqueue_many, lost
 from jobs.queue import item_id, rq_queue
 
 ITEMS = [{"key": f"k{i}", "value": i} for i in range(120)]
@@ -163,7 +163,7 @@ def test_a_job_counted_out_leaves_no_progress_behind(conn, end):
         assert accounting.settle(conn, "t", "test:failed-registry", job_id, records)
     else:
         conn.delete(accounting.JOB_PREFIX + job_id)
-        assert accounting.reap(conn, "t", job_id, ids) == (6, 6)
+        assert lost.reap(conn, "t", job_id, ids) == (6, 6)
     assert _counter(conn) == 0
     assert not conn.exists(keys.item_progress(job_id))
 

@@ -17,7 +17,7 @@ from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 
 from farmcore import keys
-from jobs import accounting, enqueue_many, lost, settle
+from jobs import accounting, enqueue_many, lost
 from jobs.items import _fail
 from jobs.itemwait import ItemWatch
 from jobs.policy import JobPolicy
@@ -56,11 +56,32 @@ def _keys(n: range) -> list[str]:
     return [f"k{i}" for i in n]
 
 
+def _sweep(conn: redis.Redis) -> int:
+    """Housekeeping's sweep, round after round until no job is marked lost (a pass of the
+    dedup index: ``DEDUP_BUCKETS / SCAN_BUCKETS`` rounds at most); items counted out."""
+    n = lost.sweep(conn, Q)
+    for _ in range(accounting.DEDUP_BUCKETS // lost.SCAN_BUCKETS + 1):
+        if not conn.zcard(keys.lost_jobs(Q)):
+            return n
+        n += lost.sweep(conn, Q)
+    raise AssertionError("a pass of the dedup index did not count the lost jobs out")
+
+
+def _housekeep(rt) -> None:
+    """Housekeeping rounds (each lock taken afresh) until no job is marked lost."""
+    for i in range(accounting.DEDUP_BUCKETS // lost.SCAN_BUCKETS + 2):
+        rt.redis.delete(keys.leader(f"maintenance:queue:{Q}"))
+        maintenance.run_once(rt, f"me{i}", [Q])
+        if not rt.redis.zcard(keys.lost_jobs(Q)):
+            return
+    raise AssertionError("housekeeping did not count the lost jobs out")
+
+
 def test_housekeeping_counts_out_and_records_the_items_of_a_deleted_job(rt):
     conn = rt.redis
     lost_job, _ = _enqueue(conn)
     conn.delete(accounting.JOB_PREFIX + lost_job)          # the fault: the job's hash goes
-    maintenance.run_once(rt, "me", [Q])
+    _housekeep(rt)
     assert _counter(conn) == 5
     failed = _failed(conn)
     assert sorted(failed) == _keys(range(5))
@@ -86,7 +107,7 @@ def test_a_job_overwritten_with_a_string_blocks_nothing_and_is_counted_out(rt):
     assert again.as_dict() == {"enqueued": 5, "duplicates": 0}
     _drain(conn)                                   # the worker skips the string, runs the rest
     assert conn.hlen("test:record") == 10
-    maintenance.run_once(rt, "me", [Q])
+    _housekeep(rt)
     assert _counter(conn) == 0
     record = _failed(conn)[f"job:{lost_job}"]      # its items moved on: only the loss is told
     assert REASON in record["error"] and "5 unfinished item(s)" in record["error"]
@@ -98,10 +119,10 @@ def test_a_job_lost_half_way_counts_out_only_its_unfinished_items(plain_conn):
     (job,) = _enqueue(conn, batch=10)
     assert accounting.advance(conn, Q, job, 4, 10, _keys(range(4))) == 4
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 6
+    assert _sweep(conn) == 6
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(4, 10))
     assert accounting.in_flight(conn, Q) == {}
-    assert lost.sweep(conn, Q) == 0 and _counter(conn) == 0
+    assert _sweep(conn) == 0 and _counter(conn) == 0
 
 
 def test_a_job_that_finishes_while_housekeeping_looks_is_counted_once(plain_conn, monkeypatch):
@@ -117,7 +138,7 @@ def test_a_job_that_finishes_while_housekeeping_looks_is_counted_once(plain_conn
         return real(c, job_ids)
 
     monkeypatch.setattr(lost, "not_hashes", finishes_meanwhile)
-    assert lost.sweep(conn, Q) == 0
+    assert _sweep(conn) == 0
     assert _counter(conn) == 0 and _failed(conn) == {}
 
 
@@ -125,11 +146,11 @@ def test_a_worker_still_running_a_reaped_job_cannot_count_it_again(plain_conn):
     conn = plain_conn
     (job,) = _enqueue(conn, ITEMS[:5])
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 5 and _counter(conn) == 0
+    assert _sweep(conn) == 5 and _counter(conn) == 0
     conn.hset(accounting.JOB_PREFIX + job, "last_heartbeat", "x")  # its heartbeat writes again
     assert accounting.advance(conn, Q, job, 5, 5, _keys(range(5))) == 0
     assert _counter(conn) == 0
-    assert accounting.reap(conn, Q, job, _keys(range(5))) == (-1, 0)  # a hash again: left be
+    assert lost.reap(conn, Q, job, _keys(range(5))) == (-1, 0)  # a hash again: left be
 
 
 def test_a_failed_job_whose_data_is_gone_is_settled_with_its_items(plain_conn):
@@ -138,6 +159,7 @@ def test_a_failed_job_whose_data_is_gone_is_settled_with_its_items(plain_conn):
     conn.zadd(rq_queue(conn, Q).failed_job_registry.key, {job: time.time() + 600})
     conn.delete(accounting.JOB_PREFIX + job)      # e.g. its failure_ttl ran out first
     assert maintenance.settle_failed(conn, Q) == 1
+    _sweep(conn)
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
     assert rq_queue(conn, Q).failed_job_registry.count == 0
 
@@ -206,7 +228,7 @@ def test_reaping_keeps_the_failure_record_an_item_already_has(plain_conn):
     (job,) = _enqueue(conn, ITEMS[:5])
     _fail(conn, Q, "tests.kinds.record", ["k0", ITEMS[0]], 1, FatalError("bad k0"), job)
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 5
+    assert _sweep(conn) == 5
     failed = _failed(conn)
     assert failed["k0"]["kwargs"] == ITEMS[0] and "bad k0" in failed["k0"]["error"]
     assert all(REASON in failed[k]["error"] for k in _keys(range(1, 5)))
@@ -223,7 +245,7 @@ def test_a_sweep_cursor_written_by_anyone_does_not_stop_the_sweep(plain_conn, cu
     else:
         conn.set(keys.lost_sweep(Q), cursor)
     conn.delete(accounting.JOB_PREFIX + job)
-    assert lost.sweep(conn, Q) == 5
+    assert _sweep(conn) == 5
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
 
 
@@ -235,7 +257,7 @@ def test_a_count_written_into_job_items_stops_no_reap(plain_conn, count):
     first, second = _enqueue(conn)
     conn.hset(keys.job_items(Q), first, count)
     conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
-    assert lost.sweep(conn, Q) == 10
+    assert _sweep(conn) == 10
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
     assert conn.hlen(keys.job_items(Q)) == 0 and accounting.in_flight(conn, Q) == {}
 
@@ -247,6 +269,7 @@ def test_settling_a_failed_job_whose_count_is_not_a_number(plain_conn):
     conn.zadd(registry.key, {job: time.time() + 600})
     conn.hset(keys.job_items(Q), job, "lots")
     assert maintenance.settle_failed(conn, Q) == 1
+    _sweep(conn)
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(5))
     assert registry.count == 0 and conn.hlen(keys.job_items(Q)) == 0
 
@@ -256,34 +279,26 @@ def test_a_job_the_reap_fails_on_does_not_stop_the_others(plain_conn):
     first, second = _enqueue(conn)
     conn.rpush(keys.item_progress(first), "not a resume point")   # GET fails on it
     conn.delete(accounting.JOB_PREFIX + first, accounting.JOB_PREFIX + second)
-    assert lost.sweep(conn, Q) == 5
+    assert _sweep(conn) == 5
     assert _counter(conn) == 5 and sorted(_failed(conn)) == _keys(range(5, 10))
     assert conn.hkeys(keys.job_items(Q)) == [first.encode()]      # left as it was, whole
     assert accounting.in_flight(conn, Q) == {k: first for k in _keys(range(5))}
 
 
-def test_settling_failed_jobs_whose_data_is_gone_reads_the_dedup_index_once(plain_conn,
-                                                                              monkeypatch):
+def test_settling_failed_jobs_whose_data_is_gone_reads_no_dedup_index(plain_conn):
     """Each such job read the whole dedup index (65,536 buckets, over a second even when
-    empty) one after the other: a few of them held housekeeping past its lock."""
+    empty): settling only marks them, and the sweep's scan finds their items."""
     conn = plain_conn
     jobs = _enqueue(conn, batch=2)
     registry = rq_queue(conn, Q).failed_job_registry
     conn.zadd(registry.key, {job: time.time() + 600 for job in jobs})
     conn.delete(*(accounting.JOB_PREFIX + job for job in jobs))
-    scans = []
-
-    def counted(*args):
-        scans.append(args)
-        return real(*args)
-
-    real = lost.holders
-    monkeypatch.setattr(lost, "holders", counted)
-    monkeypatch.setattr(settle, "holders", counted)
     assert maintenance.settle_failed(conn, Q) == 5
-    assert len(scans) == 1
+    assert registry.count == 0 and conn.zcard(keys.lost_jobs(Q)) == 5
+    assert _counter(conn) == 10 and _failed(conn) == {} and conn.get(keys.lost_scan(Q)) is None
+    assert _sweep(conn) == 10
     assert _counter(conn) == 0 and sorted(_failed(conn)) == _keys(range(10))
-    assert registry.count == 0 and accounting.in_flight(conn, Q) == {}
+    assert accounting.in_flight(conn, Q) == {} and conn.hlen(keys.lost_named(Q)) == 0
 
 
 def test_a_wait_for_an_item_no_reap_can_free_ends_with_the_error(plain_conn):
@@ -297,3 +312,60 @@ def test_a_wait_for_an_item_no_reap_can_free_ends_with_the_error(plain_conn):
     conn.delete(accounting.JOB_PREFIX + job)
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         watch.poll()
+
+
+def test_a_job_reaped_while_its_worker_runs_it_leaves_no_false_loss(plain_conn):
+    """The sweep reaps a job whose hash went while its worker runs it (an eviction, a stray
+    DEL); the worker goes on and finishes every item. Those items were recorded in 'farm
+    failed' as lost and stayed there for good, though each ran."""
+    conn = plain_conn
+    enqueue_many(Q, "tests.kinds.loses_its_job", ITEMS[:5], connection=conn, id_key="key")
+    _drain(conn)
+    assert conn.exists("test:lost:k0") and conn.hlen("test:record") == 5
+    assert _failed(conn) == {}
+    assert _counter(conn) == 0 and accounting.in_flight(conn, Q) == {}
+    assert conn.hlen(keys.job_items(Q)) == 0
+
+
+@pytest.mark.parametrize("entries", ["named", "unnamed"])
+def test_a_reaped_job_whose_data_comes_back_and_runs_is_not_a_loss(plain_conn, entries):
+    """A queued job's hash goes (a partial restore, a DEL), the sweep reaps it, then the
+    hash is back (restored) and a worker runs it: its items are done, counted out once, and
+    no 'lost' record of them (by ID, or the job's 'IDs unknown' line) is left."""
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    saved = conn.dump(accounting.JOB_PREFIX + job)
+    conn.delete(accounting.JOB_PREFIX + job)
+    if entries == "unnamed":  # the index lost them too: the reap cannot name the items
+        for key in conn.keys(keys.inflight(Q, None)):
+            conn.delete(key)
+    while conn.hexists(keys.job_items(Q), job):
+        _sweep(conn)
+    assert _counter(conn) == 0 and len(_failed(conn)) == (5 if entries == "named" else 1)
+    conn.restore(accounting.JOB_PREFIX + job, 0, saved)
+    _drain(conn)
+    assert conn.hlen("test:record") == 5
+    assert _failed(conn) == {}
+    assert _counter(conn) == 0 and accounting.in_flight(conn, Q) == {}
+
+
+def test_a_reaped_job_that_comes_back_and_fails_for_good_lists_each_item_once(plain_conn):
+    """Back after its reap, the job runs 2 items, checkpoints, and rq then gives up on it:
+    'farm failed' lists exactly its 3 unfinished items, by ID with their arguments, and
+    no longer the reap's line of the job (which would count them twice)."""
+    conn = plain_conn
+    (job,) = _enqueue(conn, ITEMS[:5])
+    saved = conn.dump(accounting.JOB_PREFIX + job)
+    conn.delete(accounting.JOB_PREFIX + job)
+    for key in conn.keys(keys.inflight(Q, None)):
+        conn.delete(key)
+    while conn.hexists(keys.job_items(Q), job):
+        _sweep(conn)
+    conn.restore(accounting.JOB_PREFIX + job, 0, saved)
+    assert accounting.advance(conn, Q, job, 2, 5, _keys(range(2))) == 0  # counted out: 0
+    conn.zadd(rq_queue(conn, Q).failed_job_registry.key, {job: time.time() + 600})
+    assert maintenance.settle_failed(conn, Q) == 1
+    failed = _failed(conn)
+    assert sorted(failed) == _keys(range(2, 5))
+    assert all(failed[k]["kwargs"] == ITEMS[int(k[1:])] for k in failed)
+    assert _counter(conn) == 0 and not conn.exists(keys.item_progress(job))

@@ -344,3 +344,21 @@ def test_the_schema_upgrade_runs_again_on_an_existing_control_database(ledger, s
                                  "'runs_archive'")}
     assert "fences_left" in archive
     assert "by_fences" in {r[2] for r in sql(settings, "SHOW INDEX FROM runs_archive")}
+
+
+def test_a_dry_run_counts_the_fences_the_prune_deletes_of_a_run_left_half_pruned(
+        ledger, settings, router, fenced):
+    """A run a prune left half pruned (archived, marked) that ended 12 hours ago keeps its
+    fences until a day after it ended; the dry run counted them as going."""
+    run = fenced["recent"]
+    sql(settings, "UPDATE runs SET finished_at = NOW(3) - INTERVAL 12 HOUR WHERE run_id = %s",
+        (run,))
+    sql(settings, "INSERT INTO runs_archive (run_id, kind, status, total_chunks, chunks_done, "
+        "chunks_failed, rows_written, created_at, finished_at) SELECT run_id, kind, status, "
+        "total_chunks, 3, 0, 30, created_at, finished_at FROM runs WHERE run_id = %s", (run,))
+    sql(settings, "UPDATE runs SET status = 'pruning' WHERE run_id = %s", (run,))
+    forget = partial(fencing.forget, router)
+    counted = prune.prune(ledger.pool, 30 * 86400, dry_run=True, fences=forget)
+    report = prune.prune(ledger.pool, 30 * 86400, fences=forget)
+    assert rows_of(settings, run)["runs"] == 0 and fences_of(router, run) == [2] * 4
+    assert counted.runs == report.runs and counted.fences == report.fences

@@ -11,8 +11,9 @@ are never moved, and no callback a job names is ever imported.
   are moved back onto their queues.
 - settling: jobs that failed for good are recorded in ``farm failed``.
 - lost jobs: a slice a round of the jobs whose items are counted as queued is looked at;
-  one whose rq hash is gone or is not a hash is reaped (``jobs.lost``): its items counted
-  out and recorded in ``farm failed``.
+  one whose rq hash is gone or is not a hash is reaped (``jobs.lost``): its items found in
+  the dedup index, a slice a round, and within a pass of it counted out and recorded in
+  ``farm failed``.
 - the ledger: chunks whose lease expired go back to ``pending`` (paused runs too),
   and every ``REDISPATCH_SECONDS`` each pending chunk of a running, unpaused run
   that has no live job gets one (at most one job per chunk in Redis).
@@ -107,8 +108,8 @@ def _enqueue_or_fail(queue: Queue, job: FarmJob, pipe: Pipeline) -> None:
 
 def settle_failed(conn: redis.Redis, queue: str) -> int:
     """Settle every job of ``queue``'s failed registry into ``farm failed``; returns how many
-    this call settled. Those whose data is gone are reaped first, all together (one read
-    of the dedup index for all of them, not one each)."""
+    this call settled. Those whose data is gone are marked lost for the sweep's scan of the
+    dedup index (``jobs.lost``), which counts them out and records their items."""
     ids = rq_queue(conn, queue).failed_job_registry.get_job_ids()
     gone = lost.counting(conn, queue, lost.not_hashes(conn, ids))
     lost.reap_jobs(conn, queue, gone, isolate=True)
