@@ -7,12 +7,15 @@ and leaves no temporary key, with a real worker. (That no zombie wins over such 
 from __future__ import annotations
 
 import pytest
+import redis
 
 from farmcore import keys
 from jobs import runs
-from loaders import feeds
+from loaders import feeds, feedswap
+from sharding import ids
+from sharding.fencing import FenceToken
 from tests.farmkit import start_workers, stop
-from tests.test_feeds import expected_feed, graph, r, seed  # noqa: F401 - fixtures
+from tests.test_feeds import SENTINEL, expected_feed, graph, r, seed  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow  # real workers
 
@@ -128,3 +131,23 @@ def test_a_counter_reset_marks_no_feed_superseded(graph, env, rt, router, r,  # 
     run_id = _start(rt, users)
     _run(env, rt, run_id)
     _assert_rebuilt(r, router, ledger, run_id, users)
+
+
+def test_a_swap_that_fails_half_way_leaves_no_temporary_key(env, r, monkeypatch):  # noqa: F811
+    """Redis forgets its scripts (a restart, a fail-over, ``SCRIPT FLUSH``) between the
+    pipeline's check that the swap's script is loaded and its ``EXEC``: the ``EXEC`` runs
+    the ``RPUSH``es to the temporary keys and fails at the script (``NOSCRIPT``). The swap
+    raises and replaces nothing; before, every ``home:<id>:tmp`` of the batch stayed."""
+    users = [ids.encode(7, "user", i) for i in range(1, 6)]
+    seed(r, users)
+    fence = feedswap.begin(r, FenceToken("t-flushed", 0, 1), lambda: None)
+    load = redis.client.Pipeline.load_scripts
+
+    def load_then_forget(pipe):
+        load(pipe)
+        r.script_flush()
+    monkeypatch.setattr(redis.client.Pipeline, "load_scripts", load_then_forget)
+    with pytest.raises(redis.exceptions.NoScriptError):
+        feedswap.swap_feeds(r, {u: [1, 2, 3] for u in users}, fence)
+    assert r.keys("home:*:tmp") == []
+    assert all(r.lrange(f"home:{u}", 0, -1) == SENTINEL for u in users)
