@@ -114,7 +114,8 @@ def feeds_fence(run_id: str) -> str:
 
 
 def feeds_generation() -> str:
-    """Counter each feeds chunk attempt draws its generation from, before it reads."""
+    """The last generation a feeds chunk attempt drew, before it read: Redis's clock in
+    microseconds, or one more than the last drawn if that is higher (``loaders.feedswap``)."""
     return f"{PREFIX}:feedsgen"
 
 

@@ -8,8 +8,9 @@ user IDs on one shard (or an explicit list of users). It reads follows and the
 newest ``length`` pins of every followed board in batched queries, merges them
 per user, and swaps the feeds in with one atomic Lua script per batch of users, so a
 reader sees the old feed or the new one, never a half-built one. The swap is fenced in
-Redis (``loaders.feedswap``): a chunk's stalled earlier owner is refused, and no feed
-is replaced by one read before it. Running a chunk twice leaves the same feeds.
+Redis (``loaders.feedswap``): a chunk's stalled earlier owner is refused (the ledger has
+the last word), and no feed is replaced by one read before it. Running a chunk twice leaves
+the same feeds.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def rebuild_chunk(ctx: ChunkContext, users: list[int] | None = None, shard: int 
     if ctx.redis is None:
         raise ConfigError("the feeds handler needs Redis")
     length = int(ctx.params.get("length", DEFAULT_LENGTH))
-    fence = begin(ctx.redis, ctx.token)  # before anything is read: the attempt's generation
+    fence = begin(ctx.redis, ctx.token, ctx.fence)  # before anything is read: its generation
     if users is None:
         users = active_users(ctx.router, shard, lo, hi)
     cache = BoardPins(ctx.router, length)

@@ -168,7 +168,7 @@ def test_swap_is_atomic(graph, env, router, r, settings, ledger):
     reader.start()
     try:
         run_with_burst_workers(env, ledger, "--users", ",".join(map(str, users)))
-        fence = begin(r, FenceToken("t-atomic", 0, 1))  # newer than the run's: it may write
+        fence = begin(r, FenceToken("t-atomic", 0, 1), lambda: None)  # a fence of its own
         for i in range(60):  # hammer: swap old and new lists back and forth under the reader
             swap_feeds(r, {u: SENTINEL_PINS if i % 2 == 0 else list(map(int, new[u]))
                            for u in users}, fence)

@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from farmcore import keys
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from sharding import ids
@@ -75,12 +76,20 @@ def _assert_newest_feeds(conn, router, users: list[int], user: int, pin: int) ->
         assert conn.lrange(f"home:{u}", 0, -1) == expected_feed(router, u, 500), u
 
 
+# what the chunk's fence in Redis may hold when the zombie wakes: -> how to write it
+FORGED_FENCES = {"its heir's": lambda c, k: None,
+                 "inf": lambda c, k: c.hset(k, "0", "inf"),
+                 "a string": lambda c, k: c.set(k, "evil")}
+
+
+@pytest.mark.parametrize("fence", FORGED_FENCES)
 def test_a_zombie_frozen_before_its_swap_never_replaces_its_heirs_feeds(
-        graph, env, rt, router, r, ledger, tmp_path, new_pin):  # noqa: F811 - fixtures
+        graph, env, rt, router, r, ledger, tmp_path, new_pin, fence):  # noqa: F811 - fixtures
     """The chunk's lease expires while its first owner is frozen between its check and its
     swap; a pin is added, and a second worker claims the chunk and writes the feeds with
     it. The zombie, woken, is refused by the chunk's fence in Redis: the heir's feeds
-    stand, and the zombie's attempt ends as a taken-over one."""
+    stand, and the zombie's attempt ends as a taken-over one. So it is when the fence was
+    overwritten with one no owner wrote: the ledger, asked, refuses the zombie."""
     users, (user, pin, add) = graph["active"], new_pin
     seed(r, users)
     run_id, zombie, pid = _freeze_first_attempt(rt, env, users, tmp_path / "frozen.pid")
@@ -93,19 +102,24 @@ def test_a_zombie_frozen_before_its_swap_never_replaces_its_heirs_feeds(
             stop(heir)
         assert ledger.chunk(run_id, 0)["fence"] == 2
         _assert_newest_feeds(r, router, users, user, pin)
+        FORGED_FENCES[fence](r, keys.feeds_fence(run_id))
     finally:
         out = _release(zombie, pid)
     assert "was taken over; dropping this attempt" in out
     _assert_newest_feeds(r, router, users, user, pin)
     assert ledger.chunk(run_id, 0)["state"] == "done"
+    assert r.keys("home:*:tmp") == []
 
 
+@pytest.mark.parametrize("counter", ["kept", "deleted", "0"])
 def test_a_zombie_of_an_older_run_never_replaces_a_newer_runs_feeds(
-        graph, env, rt, router, r, ledger, tmp_path, new_pin, park_leftover_runs):  # noqa: F811
+        graph, env, rt, router, r, ledger, tmp_path, new_pin, park_leftover_runs,  # noqa: F811
+        counter):
     """The first owner of an older run's chunk is frozen before its swap and its lease
     expires, but nothing claims its chunk again (its run is paused); a pin is added and a
     newer run rebuilds the same feeds. The zombie, woken, still holds its chunk's fence,
-    but every feed it would write was written by a later reader: none is replaced."""
+    but every feed it would write was written by a later reader: none is replaced. So it
+    is when the generation counter was reset (deleted, or set to 0) before it woke."""
     users, (user, pin, add) = graph["active"], new_pin
     seed(r, users)
     old, zombie, pid = _freeze_first_attempt(rt, env, users, tmp_path / "frozen.pid")
@@ -122,7 +136,12 @@ def test_a_zombie_of_an_older_run_never_replaces_a_newer_runs_feeds(
             stop(heir)
         _assert_newest_feeds(r, router, users, user, pin)
         assert ledger.chunk(old, 0)["fence"] == 1  # never claimed again
+        if counter != "kept":
+            r.delete(keys.feeds_generation())
+        if counter == "0":
+            r.set(keys.feeds_generation(), "0")
     finally:
         log = _release(zombie, pid)
     assert "was taken over; dropping this attempt" in log  # its lease had expired
     _assert_newest_feeds(r, router, users, user, pin)
+    assert r.keys("home:*:tmp") == []
