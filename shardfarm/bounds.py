@@ -109,4 +109,31 @@ def redis_error_line(exc: redis.RedisError) -> str:
     if isinstance(exc, redis.TimeoutError):
         return (f"Redis: {first} (no answer within FARM_CONNECT_TIMEOUT to connect, or "
                 f"{STATUS_VARIABLE} for a status read: check FARM_REDIS_URL and the network)")
+    if isinstance(exc, redis.ResponseError):  # Redis is there and answered: no URL to check
+        return f"Redis: {first} ({_answered_hint(exc, first)})"
     return f"Redis: {first} (check FARM_REDIS_URL and that Redis is running)"
+
+
+# What to check when Redis answers a command with an error: by redis-py's class for the
+# errors it names (their text loses the code), else by the error's first word.
+_ANSWER_CLASSES: tuple[tuple[type[redis.ResponseError], str], ...] = (
+    (redis.exceptions.ReadOnlyError,
+     "FARM_REDIS_URL names a read-only replica: point it at the primary"),
+    (redis.exceptions.OutOfMemoryError, "Redis is out of memory: raise its maxmemory or free keys"),
+    (redis.exceptions.NoPermissionError,
+     "the Redis user in FARM_REDIS_URL may not run this command: check its ACL"),
+)
+_ANSWER_WORDS = {
+    "WRONGTYPE": "a key of the farm holds another type than the farm writes there: something "
+                 "else wrote it; see the README's 'What workers run'",
+    "MISCONF": "Redis cannot save its data: see the Redis server's log",
+}
+
+
+def _answered_hint(exc: redis.ResponseError, first: str) -> str:
+    """What to check for an error Redis answered with."""
+    for cls, hint in _ANSWER_CLASSES:
+        if isinstance(exc, cls):
+            return hint
+    return _ANSWER_WORDS.get(first.split(" ", 1)[0],
+                             "Redis answered with this error: see the Redis server's log")

@@ -15,17 +15,19 @@ from contextlib import contextmanager
 
 import pymysql
 import pytest
+import redis
 
 from dashboard.model import Reader
 from farmcore.ledger import Ledger
 from jobs.runtime import Runtime
-from shardfarm.bounds import BULK, Bound, status_bound
+from shardfarm.bounds import BULK, Bound, redis_error_line, status_bound
 from shardfarm.errors import StatementTimeoutError
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import run_farm
 from tests.dashkit import dashboard, get, make_run
 from tests.farmkit import until, within
 from tests.proxy import TcpProxy
+from tests.servers import PrivateRedis
 
 pytestmark = pytest.mark.usefixtures("park_leftover_runs")
 SECONDS = 2
@@ -258,3 +260,30 @@ def test_a_dashboard_action_is_not_cut_short_by_the_status_bound(env, settings, 
         post.join(timeout=30)
     assert answer and answer[0][0] == 303, answer
     assert ledger.chunk(run_id, 0)["state"] == "pending"  # given back
+
+
+def test_an_error_redis_answers_with_says_what_it_is_not_to_check_the_url():
+    """Redis reached and answering with an error (a key of another type, an unknown command,
+    out of memory) is not a Redis to look for: before, every such line said "check
+    FARM_REDIS_URL and that Redis is running"."""
+    server = PrivateRedis.start()
+    try:
+        conn = redis.Redis.from_url(server.url())
+        conn.set("farm:k", "text")
+        lines = []
+        for command in (("HGET", "farm:k", "f"), ("NOSUCHCOMMAND",)):
+            with pytest.raises(redis.ResponseError) as err:
+                conn.execute_command(*command)
+            lines.append(redis_error_line(err.value))
+        conn.config_set("maxmemory", "1")
+        with pytest.raises(redis.ResponseError) as err:
+            conn.set("farm:other", "x")
+        lines.append(redis_error_line(err.value))
+    finally:
+        server.stop()
+    assert all("\n" not in x and "that Redis is running" not in x for x in lines), lines
+    assert lines[0].startswith("Redis: WRONGTYPE") and "another type" in lines[0], lines[0]
+    assert "server's log" in lines[1], lines[1]
+    assert "out of memory: raise its maxmemory" in lines[2], lines[2]
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+    assert "check FARM_REDIS_URL and that Redis is running" in redis_error_line(refused)
