@@ -70,11 +70,24 @@ def _check_free(m: ShardMap, lo: int, hi: int) -> None:
                              "(choose a range no entry of the map holds)")
 
 
+def _check_pair(m: ShardMap, master: str, slave: str) -> None:
+    """Refuse (``UsageError``, one line) one host as both master and slave (the range would
+    have no backup) and a host the map marks gone."""
+    if master == slave:
+        raise UsageError(f"--master and --slave both name {master[:64]}; name the range's own "
+                         "slave (another host of the map)")
+    for role, name in (("master", master), ("slave", slave)):
+        if name in m.gone:
+            raise UsageError(f"--{role} {name[:64]} is marked gone in the shard map (its slave "
+                             "was promoted in its place); choose a live host")
+
+
 def open_range(router: Router, spec: str, lo: int, hi: int, master: str, slave: str,
                weight: int | None = None, timeout: float = 10.0) -> Opened:
     """Create shards ``lo..hi`` on ``master`` and publish them, open, as the next version."""
     m = router.shardmap
     _check_free(m, lo, hi)
+    _check_pair(m, master, slave)
     hosts = {role: host_of(m, name, role) for role, name in (("master", master),
                                                              ("slave", slave))}
     for role, host in hosts.items():

@@ -56,11 +56,15 @@ def test_open_puts_new_users_there_and_finds_every_earlier_one(grown, repl_pair)
     ([f"{NEW[0]}-{NEW[1]}", "--master", "Nope", "--slave", "PairS"], 2, "not a host"),
     ([f"{NEW[1]}-{NEW[0]}", "--master", "PairM", "--slave", "PairS"], 2, "bad shard range"),
     ([f"{NEW[0]}-{NEW[1]}", "--master", "Dead", "--slave", "PairS"], 1, "Dead is unreachable"),
+    ([f"{NEW[0]}-{NEW[1]}", "--master", "PairM", "--slave", "PairM"], 2, "both name PairM"),
+    ([f"{NEW[0]}-{NEW[1]}", "--master", "PairM", "--slave", "Gone"], 2, "Gone is marked gone"),
 ])
 def test_open_refuses_in_one_line(grown, args, code, says):
     path, _, env = grown
     doc = json.loads(path.read_text())
     doc["hosts"]["Dead"] = {"host": "127.0.0.1", "port": free_port(), "user": "root"}
+    doc["hosts"]["Gone"] = {**doc["hosts"]["PairS"]}  # answers, but marked gone
+    doc["gone"] = ["Gone"]
     path.write_text(json.dumps(doc))
     out = run_farm({**env, "FARM_CONNECT_TIMEOUT": "2"}, "shards", "open", *args)
     assert out.returncode == code, out.stderr
