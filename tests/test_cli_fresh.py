@@ -1,6 +1,6 @@
 """A command that fails on a fresh machine leaves nothing behind: the cause (a legacy
-database that is missing or unreachable, shards never initialised) is found before the
-control database is created."""
+database that is missing or unreachable, shards never initialised, Redis down, an export
+destination that cannot be used) is found before the control database is created."""
 
 from __future__ import annotations
 
@@ -78,4 +78,33 @@ def test_a_run_on_shards_never_initialised_creates_no_control_database(
     out = run_farm(env, *command, timeout=120)
     assert out.returncode == 1 and out.stderr.strip() == (
         f"farm: error: shard {FRESH_SHARD} has no tables on A: run 'farm shards init' first")
+    assert not _exists(fresh_control), "the failed command created the control database"
+
+
+RUNS = [("reverse",), ("rebalance", "board_followedby_users", "--threshold", "10"),
+        ("export", "--date", "2026-11-21"), ("feeds", "rebuild"), ("cron", "--once")]
+
+
+@pytest.mark.parametrize("command", RUNS, ids=lambda c: c[0])
+def test_a_run_without_redis_creates_no_control_database(farm_env, fresh_control, tmp_path,
+                                                         command):
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}",
+           "FARM_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+           "FARM_EXPORT_URL": f"file://{tmp_path}/exp"}
+    out = run_farm(env, *command, timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr and "Redis" in out.stderr, out.stderr
+    assert not _exists(fresh_control), "the failed command created the control database"
+
+
+@pytest.mark.parametrize("command", [("export", "--date", "2026-11-21"), ("cron", "--once")],
+                         ids=lambda c: c[0])
+def test_an_export_to_a_destination_it_cannot_use_creates_no_control_database(
+        farm_env, fresh_control, tmp_path, command):
+    (tmp_path / "exp").write_text("a file where the export's folder goes")
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}",
+           "FARM_EXPORT_URL": f"file://{tmp_path}/exp"}
+    out = run_farm(env, *command, timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert "export destination" in out.stderr, out.stderr
     assert not _exists(fresh_control), "the failed command created the control database"

@@ -1,15 +1,17 @@
 """Start the farm's runs as the ``farm`` commands do: check, plan, record and enqueue.
 
-Each function checks that the control and shard databases are there, plans the run's
-chunks with its loader or exporter, records the run in the ledger and enqueues one job per
-chunk; it returns the run ID. Workers ('farm workers') do the work. When no worker is
-alive, ``notice`` is told so (the run still starts: workers may come later).
+Each function checks that the shard databases are there and Redis answers, plans the run's
+chunks with its loader or exporter, only then creates the control database when missing (a
+command refused on a fresh machine leaves nothing behind), records the run in the ledger and
+enqueues one job per chunk; it returns the run ID. Workers ('farm workers') do the work.
+When no worker is alive, ``notice`` is told so (the run still starts: workers may come later).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rq import Worker
 
@@ -30,6 +32,7 @@ from shardfarm.errors import ConfigError
 from workers import cron as scheduler
 
 Notice = Callable[[str], None]
+T = TypeVar("T")
 NO_WORKERS = "no workers are running; start some with 'farm workers'"
 
 
@@ -58,6 +61,17 @@ def _throttled(params: dict, max_lag: float | None) -> dict:
     return {**params, "max_lag": max_lag} if max_lag else params
 
 
+def _planned(rt: Runtime, plan: Callable[[], T]) -> T:
+    """What ``plan()`` returns, checked before the control database is created (when
+    missing): the shards have their tables and Redis answers, then ``plan`` reads the source
+    or looks at the destination. A run refused on a fresh machine leaves nothing behind."""
+    check_fleet(rt.router)
+    rt.redis.ping()
+    planned = plan()
+    ensure_control(rt.settings.control_dsn)
+    return planned
+
+
 def _ready(rt: Runtime, notice: Notice) -> None:
     """The databases are there; ``notice`` hears when no worker is."""
     preflight(rt.settings, rt.router)
@@ -78,13 +92,10 @@ def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
     """Start the load of the whole legacy database into the shards as one run.
 
     The shards, Redis and then the legacy database are checked (and read) before the
-    control database is created: a migrate that fails on a fresh machine leaves nothing
-    behind.
+    control database is created (``_planned``).
     """
-    check_fleet(rt.router)
-    rt.redis.ping()
-    params, chunks = migration.plan_source(rt.settings, chunk_rows, slice_rows)
-    ensure_control(rt.settings.control_dsn)
+    params, chunks = _planned(
+        rt, lambda: migration.plan_source(rt.settings, chunk_rows, slice_rows))
     params = {"open_shards": migration.open_shards(rt.router, rt.ledger), **params}
     return _start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag),
                   notice)
@@ -152,9 +163,8 @@ def export(rt: Runtime, date: str, dest: str | None, tables: list[str], fmt: str
     """
     exporter.check_date(date)
     dump.check_tables(tables)
-    preflight(rt.settings, rt.router)
-    params, chunks = exporter.plan(rt.router, date, dest or rt.settings.export_url, tables,
-                                   fmt, role, force)
+    params, chunks = _planned(rt, lambda: exporter.plan(
+        rt.router, date, dest or rt.settings.export_url, tables, fmt, role, force))
     exporter.refuse_overlap(rt.ledger, params)
     warn_without_workers(rt, notice)
     return runs.start(rt, "export", exporter.HANDLER, chunks, params)
@@ -170,32 +180,28 @@ def cron_scheduler(rt: Runtime, name: str, at: str, export_args: dict) -> schedu
     """
     scheduler.check_expression(at)
     tables = dump.check_tables(export_args["tables"])
-    preflight(rt.settings, rt.router)
-    checked_destination(export_args.get("dest") or rt.settings.export_url,
-                        [f"{t}/" for t in tables])  # each slot checks its dt= folders
+    _planned(rt, lambda: checked_destination(  # each slot checks its dt= folders
+        export_args.get("dest") or rt.settings.export_url, [f"{t}/" for t in tables]))
     return scheduler.Scheduler(rt, name=name, at=at, export_args=export_args)
 
 
 def feeds(rt: Runtime, user_ids: list[int] | None, chunk_users: int, length: int,
           notice: Notice = _silent) -> str:
     """Start the rebuild of the home feeds of ``user_ids`` (``None``: every active user)."""
-    preflight(rt.settings, rt.router)
-    params, chunks = feeder.plan(rt.router, chunk_users, length, user_ids)
+    params, chunks = _planned(rt, lambda: feeder.plan(rt.router, chunk_users, length, user_ids))
     return _start(rt, feeder.KIND, feeder.HANDLER, chunks, params, notice)
 
 
 def reverse(rt: Runtime, tables: list[str], chunk_rows: int, notice: Notice = _silent,
             max_lag: float | None = None) -> str:
     """Start the rebuild of reverse mapping ``tables`` (all: empty) from their forward ones."""
-    preflight(rt.settings, rt.router)
-    params, chunks = reverser.plan(rt.router, tables, chunk_rows)
+    params, chunks = _planned(rt, lambda: reverser.plan(rt.router, tables, chunk_rows))
     return _start(rt, "reverse", reverser.HANDLER, chunks, _throttled(params, max_lag), notice)
 
 
 def rebalance(rt: Runtime, table: str, threshold: int, spread: int,
               notice: Notice = _silent, max_lag: float | None = None) -> str:
     """Start spreading the boards of ``table`` above ``threshold`` rows over ``spread`` shards."""
-    preflight(rt.settings, rt.router)
-    params, chunks = rebalancer.plan(rt.router, table, threshold, spread)
+    params, chunks = _planned(rt, lambda: rebalancer.plan(rt.router, table, threshold, spread))
     return _start(rt, "rebalance", rebalancer.HANDLER, chunks, _throttled(params, max_lag),
                   notice)
