@@ -5,6 +5,9 @@ destination that cannot be used) is found before the control database is created
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 
 import pymysql
 import pytest
@@ -108,3 +111,23 @@ def test_an_export_to_a_destination_it_cannot_use_creates_no_control_database(
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert "export destination" in out.stderr, out.stderr
     assert not _exists(fresh_control), "the failed command created the control database"
+
+
+def test_cron_once_whose_round_fails_unexpectedly_is_one_line_naming_the_slot(
+        farm_env, ledger, router, tmp_path):
+    """An error that is no FarmError (injected into the export's planning, in the real
+    ``farm cron --once`` process) is one line naming the slot, its run and the cause, exit 1.
+    Before, it was a traceback."""
+    name = f"fresh-once-{NS}"
+    probe = ("import sys\nfrom exporters import export\n"
+             "def broken(*a, **k):\n    raise RuntimeError('injected: the planner broke')\n"
+             "export.plan = broken\nfrom scripts.cli import main\n"
+             "main(sys.argv[1:])\n")
+    env = {**farm_env, "FARM_EXPORT_URL": f"file://{tmp_path}/exp"}
+    out = subprocess.run([sys.executable, "-c", probe, "cron", "--once", "--name", name],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert re.fullmatch(
+        rf"farm: error: cron {name}: slot \S+Z \(run cron-{name}-\S+Z\) failed: RuntimeError: "
+        r"injected: the planner broke; run farm cron --once again\n", out.stderr), out.stderr
+    assert ledger.cron_state.last_slot(name) is None  # nothing fired: the next round fires it

@@ -35,7 +35,7 @@ from jobs.runs import DEFAULT_QUEUE, resume
 from jobs.runtime import Runtime
 from shardfarm import tuning
 from shardfarm.bounds import redis_error_line
-from shardfarm.errors import ConfigError, DatabaseError, UsageError, first_line
+from shardfarm.errors import ConfigError, DatabaseError, RetryableError, UsageError, first_line
 
 log = logging.getLogger(__name__)
 DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
@@ -56,6 +56,11 @@ return 0
 """
 _RELEASE = ("if redis.call('type', KEYS[1]).ok == 'string' and redis.call('get', KEYS[1]) "
             "== ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end")
+
+
+class RoundFailedError(RetryableError):
+    """``farm cron --once``: its round failed for a reason a later round may not meet (the
+    message names the slot and the cause); run it again."""
 
 
 def check_expression(expr: str) -> str:
@@ -176,12 +181,16 @@ class Scheduler:
         return [self.fire(slot) for slot in self.due()]
 
     def once(self) -> dict:
-        """One ``tick``, then give the lease up: ``{"cron", "leader", "fired"}``."""
+        """One round, then give the lease up: ``{"cron", "leader", "fired"}``.
+
+        A failed round is one line naming the slot and the cause: a ``ConfigError`` as
+        ``run`` ends with, any other error a ``RoundFailedError`` (``farm cron`` exits 1).
+        """
+        fired: list[dict] = []
         try:
-            leader = self.lead()
-            fired = self.tick() if leader else []
+            leader = self._round(fired.append, None)
         finally:
-            self.resign()
+            self._resign()
         return {"cron": self.name, "leader": leader, "fired": fired}
 
     def run(self, stop: threading.Event, on_fire: Callable[[dict], None] | None = None,
@@ -198,30 +207,42 @@ class Scheduler:
                 self._round(on_fire, every)
                 stop.wait(every)
         finally:
-            try:
-                self.resign()
-            except Exception:  # noqa: BLE001 - the lease expires by itself
-                log.warning("cron %s: could not resign the lease", self.name)
+            self._resign()
 
-    def _round(self, on_fire: Callable[[dict], None] | None, every: float) -> None:
-        """One ``tick`` of ``run``, saying what failed in one line."""
+    def _resign(self) -> None:
+        """``resign``, or a warning: the lease expires by itself (and an error here must not
+        hide the one that ended the round)."""
+        try:
+            self.resign()
+        except Exception:  # noqa: BLE001 - the lease expires by itself
+            log.warning("cron %s: could not resign the lease", self.name)
+
+    def _round(self, on_fire: Callable[[dict], None] | None, every: float | None) -> bool:
+        """One ``tick``, saying what failed in one line; whether it led and fired what was
+        due. With ``every`` (``run``) an error other than a ``ConfigError`` is logged and the
+        round returns; without (``once``: no next tick) it is a ``RoundFailedError``."""
         doing = "taking the leader lease"
         try:
             if not self.lead():
-                return
+                return False
             doing = "reading the schedule"
             for slot in self.due():
                 doing = f"slot {slot.isoformat()}Z (run {run_id_for(self.name, slot)})"
                 fired = self.fire(slot)
                 if on_fire:
                     on_fire(fired)
+            return True
         except ConfigError as exc:  # UsageError too: a bad value read at a slot, exit 1
             raise ConfigError(f"cron {self.name}: {doing} failed: {first_line(exc)}; fix "
                               "it and start farm cron again") from exc
         except Exception as exc:  # the scheduler lives on: tried again next tick
+            if every is None:
+                raise RoundFailedError(f"cron {self.name}: {doing} failed: {_cause(exc)}; "
+                                       "run farm cron --once again") from exc
             log.error("cron %s: %s failed: %s; trying again in %ss", self.name, doing,
                       _cause(exc), every)
             log.debug("cron %s: %s failed", self.name, doing, exc_info=True)
+            return False
 
 
 def _cause(exc: Exception) -> str:
