@@ -133,10 +133,12 @@ def test_lease_expires_and_another_takes_over(rt):
     assert a.lead()
 
 
-@pytest.mark.parametrize("forge", [lambda r, k: r.rpush(k, "x"), lambda r, k: r.set(k, "evil")])
+@pytest.mark.parametrize("forge", [lambda r, k: r.rpush(k, "x"), lambda r, k: r.set(k, "evil"),
+                                   lambda r, k: r.set(k, "evil", ex=365 * 86400)])
 def test_a_lease_key_that_is_not_a_lease_is_taken_over(rt, forge):
-    """A list, or a value with no expiry, written at the lease's key: before, every tick
-    failed (WRONGTYPE) or no scheduler ever led again, and the export never fired."""
+    """A list, a value with no expiry, or one that expires in a year, written at the lease's
+    key: before, every tick failed (WRONGTYPE), or no scheduler led again (for good, or for
+    the year), and the export never fired."""
     a = _scheduler(rt, "t-forged", Clock(NOW), owner="a")
     forge(rt.redis, a.key)
     assert a.lead() and rt.redis.get(a.key) == b"a" and rt.redis.pttl(a.key) > 0

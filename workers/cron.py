@@ -41,14 +41,17 @@ log = logging.getLogger(__name__)
 DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
 TICK_SECONDS = 5.0
 LEASE_SECONDS = 15.0
+LEASE_CAP_SECONDS = 60.0  # no scheduler's lease is longer: a key that lives longer is none
 CATCH_UP = 7
-# KEYS[1]: the lease; ARGV: owner, milliseconds. Takes the lease or renews ours. A key there
-# that is not a lease (another type, or a value with no expiry: whatever was written into
-# Redis) is taken over, or no scheduler would ever lead again.
+# KEYS[1]: the lease; ARGV: owner, milliseconds, the cap in milliseconds. Takes the lease or
+# renews ours. A key there that is not a lease (another type, a value with no expiry, or one
+# that lives longer than any scheduler's lease: whatever was written into Redis) is taken
+# over, or no scheduler would lead again (for good, or until a forged expiry a year away).
 _LEAD = """
 local t = redis.call('type', KEYS[1]).ok
-if t ~= 'none' and (t ~= 'string' or redis.call('pttl', KEYS[1]) == -1) then
-  redis.call('del', KEYS[1])
+if t ~= 'none' then
+  local ttl = t == 'string' and redis.call('pttl', KEYS[1]) or -1
+  if ttl == -1 or ttl > tonumber(ARGV[3]) then redis.call('del', KEYS[1]) end
 end
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
@@ -117,13 +120,17 @@ class Scheduler:
         self.export_args = dict(export_args or {})
         self.now, self.catch_up = now, catch_up
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        if not 0 < lease_seconds <= LEASE_CAP_SECONDS:
+            raise ConfigError(f"a cron lease of {lease_seconds:g} s is out of range "
+                              f"(0, {LEASE_CAP_SECONDS:g}]")
         self.lease_ms = int(lease_seconds * 1000)
         self.key = keys.leader(f"cron:{name}")
 
     # -- leadership ---------------------------------------------------------------------
     def lead(self) -> bool:
         """Take the leader lease, or renew it if it is ours; whether we lead now."""
-        return bool(self.rt.redis.eval(_LEAD, 1, self.key, self.owner, self.lease_ms))
+        return bool(self.rt.redis.eval(_LEAD, 1, self.key, self.owner, self.lease_ms,
+                                       int(LEASE_CAP_SECONDS * 1000)))
 
     def resign(self) -> None:
         """Give the lease up if it is ours (on shutdown), so another takes over at once."""
