@@ -36,6 +36,7 @@ from jobs.runtime import Runtime
 from shardfarm import tuning
 from shardfarm.bounds import redis_error_line
 from shardfarm.errors import ConfigError, DatabaseError, RetryableError, UsageError, first_line
+from workers.maintenance import CLEAR_FORGED
 
 log = logging.getLogger(__name__)
 DEFAULT_AT = tuning.DEFAULT_EXPORT_CRON
@@ -45,14 +46,10 @@ LEASE_CAP_SECONDS = 60.0  # no scheduler's lease is longer: a key that lives lon
 CATCH_UP = 7
 # KEYS[1]: the lease; ARGV: owner, milliseconds, the cap in milliseconds. Takes the lease or
 # renews ours. A key there that is not a lease (another type, a value with no expiry, or one
-# that lives longer than any scheduler's lease: whatever was written into Redis) is taken
-# over, or no scheduler would lead again (for good, or until a forged expiry a year away).
-_LEAD = """
-local t = redis.call('type', KEYS[1]).ok
-if t ~= 'none' then
-  local ttl = t == 'string' and redis.call('pttl', KEYS[1]) or -1
-  if ttl == -1 or ttl > tonumber(ARGV[3]) then redis.call('del', KEYS[1]) end
-end
+# that lives longer than any scheduler's lease: ``CLEAR_FORGED``) is taken over, or no
+# scheduler would lead again (for good, or until a forged expiry a year away).
+_LEAD = CLEAR_FORGED.decode() + """
+clear_forged(KEYS[1], tonumber(ARGV[3]))
 if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end
 return 0

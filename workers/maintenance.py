@@ -52,15 +52,22 @@ REDISPATCH_SECONDS = 30
 REPEAT_SECONDS = 60.0
 MAX_TOPICS = 1000
 _said: dict[str, tuple[str, float]] = {}
-# KEYS[1]: a housekeeping lock; ARGV: owner, milliseconds. Takes it if free. A key there that
-# no housekeeper wrote (another type, no expiry, or one longer than the lock's own: whatever
-# was written into Redis) is taken over, or that housekeeping would never run again.
-_TAKE = Script(None, b"""
-local t = redis.call('TYPE', KEYS[1]).ok
-if t ~= 'none' then
-  local ttl = redis.call('PTTL', KEYS[1])
-  if t ~= 'string' or ttl < 0 or ttl > tonumber(ARGV[2]) then redis.call('DEL', KEYS[1]) end
+# Lua: deletes ``key`` unless it is a lock or lease some holder wrote, a string expiring
+# within ``longest`` ms (another type, no expiry, or a longer life: whatever was written into
+# Redis), so that a ``SET NX`` can take it; else no holder would take it again. Shared with
+# the cron leader lease (``workers.cron``).
+CLEAR_FORGED = b"""
+local function clear_forged(key, longest)
+  local t = redis.call('TYPE', key).ok
+  if t == 'none' then return end
+  local ttl = t == 'string' and redis.call('PTTL', key) or -1
+  if ttl < 0 or ttl > longest then redis.call('DEL', key) end
 end
+"""
+# KEYS[1]: a housekeeping lock; ARGV: owner, milliseconds. Takes it if free (or held by what
+# no housekeeper wrote: ``CLEAR_FORGED``, no longer than the lock's own life).
+_TAKE = Script(None, CLEAR_FORGED + b"""
+clear_forged(KEYS[1], tonumber(ARGV[2]))
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
 return 0
 """)
