@@ -120,7 +120,7 @@ def test_rebalance_and_export_survive_chaos(env, settings, router, hot_board, da
         assert runs.wait(rt, export_run, timeout=180) == "done", _unfinished(rt, export_run)
         finalized = _parts(root)
         os.kill(zombie, signal.SIGCONT)  # the zombie wakes right before its rename
-        assert runs.wait(rt, rebalance_run, timeout=180) == "done"
+        assert runs.wait(rt, rebalance_run, timeout=180) == "done", _unfinished(rt, rebalance_run)
     finally:
         if zombie:
             os.kill(zombie, signal.SIGCONT)

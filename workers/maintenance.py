@@ -7,6 +7,9 @@ are never moved, and no callback a job names is ever imported.
 - rq's own registry cleanup: jobs of dead workers (their heartbeat stopped) are
   delivered again (every farm job carries an rq ``Retry``: its delivery budget,
   ``jobs.queue.envelope``) or moved to failed.
+- jobs taken and never started: a worker killed between taking a job off the queue and
+  starting it leaves the job in rq's intermediate list, held (no redispatch) and never run;
+  one seen there unstarted for a minute is delivered again (``redeliver_stuck``).
 - rq's scheduler step: delayed retries and throttled chunks whose time came
   are moved back onto their queues.
 - settling: jobs that failed for good are recorded in ``farm failed``.
@@ -34,6 +37,8 @@ import redis
 from redis.client import Pipeline
 from redis.commands.core import Script
 from rq import Queue
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import clean_registries
 
@@ -50,6 +55,8 @@ log = logging.getLogger(__name__)
 LOCK_SECONDS = 4
 REDISPATCH_SECONDS = 30
 REPEAT_SECONDS = 60.0
+STUCK_SECONDS = 60.0  # rq's own: a job taken and not started a minute later was abandoned
+STUCK_SLICE = 1000
 MAX_TOPICS = 1000
 _said: dict[str, tuple[str, float]] = {}
 # Lua: deletes ``key`` unless it is a lock or lease some holder wrote, a string expiring
@@ -113,6 +120,66 @@ def _enqueue_or_fail(queue: Queue, job: FarmJob, pipe: Pipeline) -> None:
         record_job_failure(job, f"{type(exc).__name__}: {exc}", pipe)
 
 
+def redeliver_stuck(conn: redis.Redis, queue: Queue) -> int:
+    """Deliver again the jobs a worker took off ``queue`` and died with before starting them;
+    returns how many.
+
+    rq moves a job it takes into the queue's intermediate list, and from there into the
+    started registry when the job starts. A worker killed in between leaves the job there:
+    held by a live job, so no chunk redispatch, and never run (rq's workers look there only
+    every maintenance interval, ten minutes). A job found there unstarted ``STUCK_SECONDS``
+    after it was first seen (rq's own mark: a live worker starts its job within
+    milliseconds) is delivered again while its rq ``Retry`` budget lasts, else failed and
+    settled into ``farm failed`` by the step that follows; an entry whose job is gone is
+    dropped. A round looks at the first ``STUCK_SLICE`` entries, whatever is written there.
+    """
+    inter = queue.intermediate_queue
+    ids = [i.decode(errors="replace") for i in conn.lrange(inter.key, 0, STUCK_SLICE - 1)]
+    if not ids:
+        return 0
+    started = set(queue.started_job_registry.get_job_ids(cleanup=False))
+    return _each("redeliver", queue.name, [i for i in ids if i not in started],
+                 lambda job_id: _redeliver(queue, job_id))
+
+
+def _redeliver(queue: Queue, job_id: str) -> bool:
+    inter = queue.intermediate_queue
+    job = queue.fetch_job(job_id)
+    if job is not None and not _abandoned(inter, job_id):
+        return False
+    status = job.get_status(refresh=False) if job is not None else None
+    # finished, failed, scheduled again…: a worker of several queues leaves the entry behind
+    stuck = job is not None and (job.unreadable or status in (JobStatus.QUEUED,
+                                                              JobStatus.STARTED))
+    again = stuck and status == JobStatus.QUEUED and bool(job.retries_left) \
+        and not job.unreadable
+    with queue.connection.pipeline() as pipe:
+        if again:
+            job.retry(queue, pipe)
+        elif stuck:
+            record_job_failure(job, "its worker died after taking it off the queue, before "
+                               "starting it, and it has no deliveries left", pipe)
+        pipe.lrem(inter.key, 1, job_id)
+        pipe.delete(inter.get_first_seen_key(job_id))
+        pipe.execute()
+    if stuck:
+        log.warning("job %s of queue %s: its worker died after taking it, before starting it; "
+                    "%s", job_id, queue.name, "delivered again" if again else "failed")
+    return bool(stuck)
+
+
+def _abandoned(inter: IntermediateQueue, job_id: str) -> bool:
+    """Whether the job was first seen unstarted ``STUCK_SECONDS`` ago (marked now if not; a
+    mark that is not a time is taken for an old one: at worst a job is delivered twice)."""
+    if inter.set_first_seen(job_id):
+        return False
+    try:
+        seen = float(inter.connection.get(inter.get_first_seen_key(job_id)))
+    except (TypeError, ValueError, redis.ResponseError):  # gone, or written by anyone
+        return True
+    return time.time() - seen >= STUCK_SECONDS
+
+
 def settle_failed(conn: redis.Redis, queue: str) -> int:
     """Settle every job of ``queue``'s failed registry into ``farm failed``; returns how many
     this call settled. Those whose data is gone are marked lost for the sweep's scan of the
@@ -169,7 +236,8 @@ def _redispatch_due(rt: Runtime, owner: str) -> int:
 
 def _queue_steps(rt: Runtime, name: str) -> list[Callable[[], object]]:
     q = rq_queue(rt.redis, name)
-    return [lambda: clean_registries(q), lambda: promote_scheduled(rt.redis, q),
+    return [lambda: clean_registries(q), lambda: redeliver_stuck(rt.redis, q),
+            lambda: promote_scheduled(rt.redis, q),
             lambda: settle_failed(rt.redis, name), lambda: lost.sweep(rt.redis, name)]
 
 

@@ -64,6 +64,7 @@ class FarmWorker(SimpleWorker):
         A job the policy refuses is failed without a retry (``FarmJob.func`` raises before
         anything is imported); a job that failed for good is settled into ``farm failed``.
         """
+        taken(job)
         refusal = job_refusal(job, runtime.get().policy)
         if refusal:
             log.error("refusing job %s of queue %s: %s", job.id, queue.name, refusal)
@@ -112,6 +113,10 @@ class FarmWorker(SimpleWorker):
             return
         self._last_suspension_check = time.monotonic()
         super().check_for_suspension(burst)
+
+
+def taken(job: Job) -> None:
+    """Called once a job is taken off its queue, before it starts (tests kill workers here)."""
 
 
 def build(settings: Settings, queues: list[str], name: str | None = None) -> FarmWorker:

@@ -1,0 +1,152 @@
+"""A worker SIGKILLed after taking a job off its queue and before starting it (rq keeps the
+job in the queue's intermediate list): housekeeping delivers it again, once, a minute after
+it was first seen there, or fails it when it has no deliveries left; it never touches a job
+a live worker has just taken (real Redis, real worker processes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import redis
+from rq import SimpleWorker
+from rq.intermediate_queue import IntermediateQueue
+from rq.serializers import JSONSerializer
+
+from farmcore import keys
+from jobs import enqueue_many
+from jobs.queue import rq_queue
+from tests.conftest import ROOT
+from tests.farmkit import until
+from workers import maintenance
+
+Q = "sq"
+ITEMS = [{"key": f"k{i}", "value": i} for i in range(4)]
+# a worker process that SIGKILLs itself once it has taken a job, before starting it
+KILLED_ON_TAKING = ("import os, signal, sys\n"
+                    "import workers.worker as w\n"
+                    "w.taken = lambda job: os.kill(os.getpid(), signal.SIGKILL)\n"
+                    f"sys.exit(w.main(['--queues', '{Q}', '--burst']))\n")
+
+
+def _taken_and_killed(env: dict, conn: redis.Redis) -> str:
+    """Enqueue ITEMS as one job, let a real worker take it and die; the job's ID."""
+    enqueue_many(Q, "tests.kinds.record", ITEMS, connection=conn, batch=len(ITEMS), id_key="key")
+    out = subprocess.run([sys.executable, "-c", KILLED_ON_TAKING], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == -9, out.stderr
+    inter = IntermediateQueue(rq_queue(conn, Q).key, connection=conn)
+    ids = inter.get_job_ids()
+    assert len(ids) == 1 and not conn.llen(f"rq:queue:{Q}"), ids
+    return ids[0]
+
+
+def _round(rt) -> None:
+    """One housekeeping round of the queue (its lock taken afresh)."""
+    rt.redis.delete(keys.leader(f"maintenance:queue:{Q}"))
+    maintenance.run_once(rt, "me", [Q])
+
+
+def _age(conn: redis.Redis, job_id: str, seconds: float) -> None:
+    """Move the time housekeeping first saw the job back by ``seconds`` (the clock's jump)."""
+    key = IntermediateQueue(rq_queue(conn, Q).key, connection=conn).get_first_seen_key(job_id)
+    conn.set(key, float(conn.get(key)) - seconds)
+
+
+def _drain(conn: redis.Redis) -> None:
+    q = rq_queue(conn, Q)
+    SimpleWorker([q], connection=conn, serializer=JSONSerializer,
+                 job_class=q.job_class).work(burst=True)
+
+
+def _failed(conn: redis.Redis) -> dict[str, dict]:
+    return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.failed_items(Q)).items()}
+
+
+def test_a_job_whose_worker_died_before_starting_it_runs_once(env, rt):
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS - 5)
+    _round(rt)  # seen for less than STUCK_SECONDS: a live worker may be about to start it
+    assert conn.lrange(f"{rq_queue(conn, Q).key}:intermediate", 0, -1) == [job_id.encode()]
+    _age(conn, job_id, 10)
+    _round(rt)
+    until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
+          what="the job delivered again (after its rq Retry interval)")
+    assert not conn.llen(f"rq:queue:{Q}:intermediate")
+    _drain(conn)
+    assert {k.decode(): int(v) for k, v in conn.hgetall("test:record").items()} == \
+        {i["key"]: i["value"] for i in ITEMS}
+    assert int(conn.get(keys.items_queued(Q)) or 0) == 0 and not _failed(conn)
+    _round(rt)
+    assert not conn.llen(f"rq:queue:{Q}") and not conn.exists("rq:queue:sq:intermediate")
+
+
+def test_a_stuck_job_with_no_deliveries_left_is_failed_with_its_items(env, rt):
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    conn.hset(f"rq:job:{job_id}", "retries_left", 0)
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
+    _round(rt)
+    failed = _failed(conn)
+    assert sorted(failed) == sorted(i["key"] for i in ITEMS)
+    assert all("before starting it" in f["error"] for f in failed.values()), failed
+    assert int(conn.get(keys.items_queued(Q)) or 0) == 0
+    assert not conn.llen(f"rq:queue:{Q}") and not conn.llen(f"rq:queue:{Q}:intermediate")
+
+
+@pytest.mark.parametrize("mark", [b"not a time", None])
+def test_entries_written_by_anyone_stop_no_redelivery(env, rt, mark):
+    """A missing job, a job key that is not a hash, and a first-seen mark that is not a
+    time (or of another type) in front of a stuck job: the stuck job is still delivered."""
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    inter = f"rq:queue:{Q}:intermediate"
+    conn.set("rq:job:forged", "x")
+    conn.lpush(inter, job_id.encode(), b"gone", b"forged")
+    conn.lrem(inter, -1, job_id)  # the stuck job last, behind the garbage
+    first_seen = IntermediateQueue(rq_queue(conn, Q).key, connection=conn).get_first_seen_key
+    if mark is None:
+        conn.rpush(first_seen(job_id), 1)
+    else:
+        conn.set(first_seen(job_id), mark)
+    _round(rt)
+    until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
+          what="the stuck job delivered again")
+    assert not conn.llen(inter)
+    _drain(conn)
+    assert conn.hlen("test:record") == len(ITEMS)
+
+
+def test_a_round_reads_a_slice_of_a_huge_intermediate_list(env, rt):
+    """Whatever is written there, a round looks at STUCK_SLICE entries at most."""
+    conn = rt.redis
+    inter = f"rq:queue:{Q}:intermediate"
+    for start in range(0, 3 * maintenance.STUCK_SLICE, 1000):
+        conn.rpush(inter, *[f"none-{i}" for i in range(start, start + 1000)])
+    before = conn.llen(inter)
+    _round(rt)
+    assert before - conn.llen(inter) == maintenance.STUCK_SLICE
+
+
+def test_a_finished_job_whose_entry_is_in_the_list_is_not_run_again(env, rt):
+    """An entry of a job that ran (left there, or written by anyone): housekeeping drops it
+    a minute later and delivers nothing."""
+    conn = rt.redis
+    enqueue_many(Q, "tests.kinds.record", ITEMS, connection=conn, batch=len(ITEMS), id_key="key")
+    q = rq_queue(conn, Q)
+    (job_id,) = q.job_ids
+    _drain(conn)
+    assert q.fetch_job(job_id).get_status() == "finished"
+    conn.rpush(f"rq:queue:{Q}:intermediate", job_id)
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
+    _round(rt)
+    assert not conn.llen(f"rq:queue:{Q}:intermediate") and not conn.llen(f"rq:queue:{Q}")
+    assert not q.scheduled_job_registry.get_job_ids()
+    assert q.fetch_job(job_id).get_status() == "finished"
+    assert int(conn.get(keys.items_queued(Q)) or 0) == 0 and not _failed(conn)
