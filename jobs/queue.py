@@ -24,6 +24,7 @@ from rq import Queue, Retry
 from rq.serializers import JSONSerializer
 
 from jobs import accounting
+from jobs.dequeue import FarmQueue
 from jobs.farmjob import FarmJob
 from jobs.policy import ENTRY_POINT, JobPolicy
 from shardfarm.errors import FatalError
@@ -67,8 +68,9 @@ def item_id(function: str, kwargs: dict, key: str | None = None) -> str:
 
 
 def rq_queue(conn: redis.Redis, name: str) -> Queue:
-    """An rq ``Queue`` with the JSON serializer and the farm's guarded job class."""
-    return Queue(name, connection=conn, serializer=JSONSerializer, job_class=FarmJob)
+    """An rq ``Queue`` with the JSON serializer, the farm's guarded job class and its take off
+    several queues (``jobs.dequeue``)."""
+    return FarmQueue(name, connection=conn, serializer=JSONSerializer, job_class=FarmJob)
 
 
 def envelope(function: str, items: list[list], timeout: int = JOB_TIMEOUT,

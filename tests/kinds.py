@@ -12,6 +12,12 @@ def record(key: str, value: int) -> None:
     get_current_job().connection.hset("test:record", key, value)
 
 
+def ordered_record(key: str, value: int) -> None:
+    """Like ``record``, and ``key`` appended to ``test:order`` (the order items ran in)."""
+    record(key, value)
+    get_current_job().connection.rpush("test:order", key)
+
+
 def slow_record(key: str, value: int, seconds: float = 1.0) -> None:
     """Like ``record`` but takes ``seconds`` first (to be interrupted)."""
     import time

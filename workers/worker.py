@@ -21,6 +21,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
 from jobs import runtime, settle
+from jobs.dequeue import FarmQueue
 from jobs.farmjob import FarmJob, job_refusal
 from jobs.policy import FARM_HANDLERS, ForbiddenJobError, add_operator_path
 from jobs.queue import rq_queue
@@ -40,7 +41,8 @@ IDLE_BOOKKEEPING_SECONDS = 2.0
 
 
 class FarmWorker(SimpleWorker):
-    """A SimpleWorker whose started-registry entry expires ~15 s after its process dies.
+    """A SimpleWorker whose started-registry entry expires ~15 s after its process dies, and
+    which takes jobs off several queues as off one (``jobs.dequeue``).
 
     A thread refreshes the worker's and the job's heartbeat every few seconds while
     a job runs, so a live long job is never taken for abandoned, and a dead
@@ -50,6 +52,7 @@ class FarmWorker(SimpleWorker):
     def __init__(self, queues: list[Queue], connection: redis.Redis, **kwargs) -> None:
         kwargs.setdefault("worker_ttl", WORKER_TTL)
         kwargs.setdefault("job_monitoring_interval", HEARTBEAT_SECONDS)
+        kwargs.setdefault("queue_class", FarmQueue)
         super().__init__(queues, connection=connection, serializer=JSONSerializer,
                          job_class=FarmJob, **kwargs)
         self._last_suspension_check = 0.0
@@ -57,6 +60,13 @@ class FarmWorker(SimpleWorker):
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Short TTL: the heartbeat thread renews it while the job is alive."""
         return HEARTBEAT_SECONDS + HEARTBEAT_GRACE
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False
+                              ) -> None:
+        """rq's; the job leaves its queue's intermediate list however many queues the worker
+        serves (rq leaves it there for a worker of several: it took the job by ``BLPOP``,
+        ``FarmQueue`` takes it into the list)."""
+        super().prepare_job_execution(job, remove_from_intermediate_queue=True)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run the job in this process with a heartbeat thread beside it.
