@@ -157,7 +157,8 @@ def failed(app: App, run_id: str | None, as_json: bool) -> None:
             emit(r)
         else:
             where = f"{r['run_id']} chunk {r['chunk_id']}" if "chunk_id" in r else r["where"]
-            click.echo(f"{where} ({r['kind']}, {r['attempts']} attempts): {r['last_error']}")
+            reason = r["last_error"] or "no reason recorded"
+            click.echo(f"{where} ({r['kind']}, {r['attempts']} attempts): {reason}")
             click.echo(f"    arguments: {compact(_arguments(r['args']))}")
     if not rows and not as_json:
         click.echo("no failures")

@@ -94,6 +94,22 @@ def test_failed_and_retry_failed(rt, env):
     assert out.returncode == 1 and "no run 'nope-run'" in out.stderr
 
 
+def test_failed_says_so_when_a_chunk_has_no_reason_recorded(rt, env):
+    """A chunk marked failed with no last error (by hand, or by an older farm)."""
+    run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("bad", {"fatal": True})])
+    rt.ledger.pool.run(lambda cur: cur.execute(
+        "UPDATE chunks SET state = 'failed', last_error = NULL WHERE run_id = %s", (run_id,)))
+    try:
+        out = run_farm(env, "failed", "--run", run_id)
+    finally:  # no later 'farm retry-failed' of another test meets it
+        rt.ledger.pool.run(lambda cur: cur.execute(
+            "UPDATE chunks SET state = 'done' WHERE run_id = %s", (run_id,)))
+        rt.ledger.refresh_status(run_id)
+    assert out.returncode == 0, out.stderr
+    assert "None" not in out.stdout
+    assert f"{run_id} chunk 0 (bad, 0 attempts): no reason recorded" in out.stdout
+
+
 def test_transient_failure_backs_off_then_fails_after_bounded_attempts(rt, env):
     env = {**env, "FARM_CHUNK_ATTEMPTS": "2"}
     run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("bad", {"fatal": False})])
