@@ -74,11 +74,12 @@ local function counter(key)
 end
 """
 
-# A job's entry in keys.job_items and its progress as numbers; nil when what is stored is not
-# a count (whoever can write to Redis must not make a script fail on it for good). A resume
+# Lua, shared with ``jobs.lost``: a job's entry in keys.job_items and its progress as
+# numbers; nil when what is stored is not a count (whoever can write to Redis must not make
+# a script fail on it for good). A resume
 # point that is not a string, not a count, or past the job's items is 0: the items run again
 # (they are idempotent), never skipped unrecorded.
-_COUNT = b"""
+COUNT_LUA = b"""
 local function count(v)
   local x = tonumber(v)
   if x and x >= 0 and x < 2 ^ 53 and x == math.floor(x) then return x end
@@ -153,8 +154,8 @@ end
 # but is followed as any other: its progress kept (a week at most: no entry governs it), done
 # at the end, and the reap's 'lost' records of the items it released (and at the end its
 # 'IDs unknown' record) removed: those items ran. Whatever else was written into these keys
-# is read as nothing (``_COUNT``, ``_SAFE``) before the first write.
-_ADVANCE = Script(None, _COUNT + _UNLOST + b"""
+# is read as nothing (``COUNT_LUA``, ``_SAFE``) before the first write.
+_ADVANCE = Script(None, COUNT_LUA + _UNLOST + b"""
 local jid, new, total = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local job = redis.call('TYPE', KEYS[3]).ok == 'hash'
 if job and redis.call('HEXISTS', KEYS[3], 'farm_done') == 1 then return 0 end
@@ -199,7 +200,7 @@ return moved
 # The job is marked done only if its hash exists (a job gone, or a key that is not a hash, is
 # left as it is). The last ARGV is the reap's job text: a job reaped and back (no entry, a
 # hash) whose items are recorded here by ID no longer has the reap's 'IDs unknown' record.
-_SETTLE = Script(None, _COUNT + _UNLOST + b"""
+_SETTLE = Script(None, COUNT_LUA + _UNLOST + b"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
 hashes(KEYS[4], KEYS[6])
 counter(KEYS[3])

@@ -34,7 +34,7 @@ from redis.commands.core import Script
 
 from farmcore import keys
 from jobs.accounting import (
-    _COUNT,
+    COUNT_LUA,
     DEDUP_BUCKETS,
     JOB_PREFIX,
     LOST_JOB_PREFIX,
@@ -61,7 +61,7 @@ LOST_TTL = 7 * 86400   # a job reaped that runs after all keeps its progress thi
 # out once (its entry in KEYS[1] goes; an entry that is not a count: the items named) and
 # items counted but never named are one record of the job; else it is marked to be looked
 # for in the next pass of the index. Returns {counted out, recorded now}.
-_REAP = Script(None, _COUNT + b"""
+_REAP = Script(None, COUNT_LUA + b"""
 local jid = ARGV[1]
 if redis.call('TYPE', KEYS[5]).ok == 'hash' then
   redis.call('ZREM', KEYS[6], jid)
