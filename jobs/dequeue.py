@@ -8,6 +8,8 @@ alive (so its items and its chunk stayed held) and never run. ``FarmQueue`` take
 first job of the first non-empty queue into that queue's intermediate list in one script,
 as rq does for one queue; while every queue is empty it waits on the first (the one
 preferred) for at most ``WAIT_SLICE`` seconds at a time before looking at all again.
+rq's workers also clean these lists (they fail what they find stuck); housekeeping alone
+does (``HousekeptList``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,23 @@ return false
 """)
 
 
+class HousekeptList(IntermediateQueue):
+    """A queue's intermediate list that only the farm's housekeeping cleans."""
+
+    def cleanup(self, worker: object, queue: Queue) -> None:
+        """Nothing: rq's workers would fail a job stuck here every ten minutes, where
+        housekeeping delivers it again (``redeliver_stuck``); one cleaner a list, so a job
+        is never both."""
+
+
 class FarmQueue(Queue):
-    """rq's ``Queue`` whose take off several queues goes through the intermediate lists."""
+    """rq's ``Queue`` whose take off several queues goes through the intermediate lists,
+    which only housekeeping cleans."""
+
+    @property
+    def intermediate_queue(self) -> HousekeptList:
+        """The queue's intermediate list (rq's key)."""
+        return HousekeptList(self.key, connection=self.connection)
 
     @classmethod
     def lpop(cls, queue_keys: Sequence[str], timeout: int | None,

@@ -21,6 +21,7 @@ from jobs.queue import rq_queue
 from tests.conftest import ROOT
 from tests.farmkit import until
 from workers import maintenance
+from workers.worker import FarmWorker
 
 Q = "sq"
 ITEMS = [{"key": f"k{i}", "value": i} for i in range(4)]
@@ -147,3 +148,17 @@ def test_an_entry_of_a_job_that_ran_is_dropped_and_nothing_is_run_again(env, rt)
     assert not conn.llen(f"rq:queue:{Q}:intermediate") and not conn.llen(f"rq:queue:{Q}")
     assert not q.scheduled_job_registry.get_job_ids() and not _failed(conn)
     assert q.fetch_job(job_id).get_status() == "finished" and not conn.exists("test:record")
+
+
+def test_rqs_own_worker_maintenance_leaves_a_stuck_job_to_housekeeping(env, rt):
+    """rq's workers clean the intermediate lists every ten minutes and would fail the job:
+    the farm's workers leave it to housekeeping, which delivers it again (one cleaner)."""
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
+    FarmWorker([rq_queue(conn, Q)], connection=conn).clean_registries()
+    assert conn.lrange(f"rq:queue:{Q}:intermediate", 0, -1) == [job_id.encode()]
+    assert not rq_queue(conn, Q).failed_job_registry.get_job_ids()
+    until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
+          what="the job delivered again")
