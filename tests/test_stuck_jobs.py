@@ -162,3 +162,28 @@ def test_rqs_own_worker_maintenance_leaves_a_stuck_job_to_housekeeping(env, rt):
     assert not rq_queue(conn, Q).failed_job_registry.get_job_ids()
     until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
           what="the job delivered again")
+
+
+def test_two_housekeepers_at_one_stuck_job_deliver_it_once(env, rt, monkeypatch):
+    """Rounds can overlap (a round longer than its lock): the second housekeeper finishes
+    its delivery while the first is between its check and its write; the first writes
+    nothing (one delivery, one use of the job's delivery budget)."""
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
+    queue = rq_queue(conn, Q)
+    budget = queue.fetch_job(job_id).retries_left
+    checked, other = maintenance._abandoned, []
+
+    def overtaken(inter, job):
+        found = checked(inter, job)
+        if not other:  # the other housekeeper, all the way, at this very step
+            other.append("running")
+            other.append(maintenance._redeliver(rq_queue(conn, Q), job))
+        return found
+    monkeypatch.setattr(maintenance, "_abandoned", overtaken)
+    assert maintenance._redeliver(queue, job_id) is False and other == ["running", True]
+    assert queue.fetch_job(job_id).retries_left == budget - 1
+    assert queue.scheduled_job_registry.get_job_ids() == [job_id]
+    assert not conn.llen(f"rq:queue:{Q}") and not conn.llen(f"rq:queue:{Q}:intermediate")

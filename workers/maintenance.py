@@ -145,23 +145,29 @@ def redeliver_stuck(conn: redis.Redis, queue: Queue) -> int:
 def _redeliver(queue: Queue, job_id: str) -> bool:
     inter = queue.intermediate_queue
     job = queue.fetch_job(job_id)
-    if job is not None and not _abandoned(inter, job_id):
-        return False
-    status = job.get_status(refresh=False) if job is not None else None
-    # finished, failed, scheduled again…: a worker of several queues leaves the entry behind
-    stuck = job is not None and (job.unreadable or status in (JobStatus.QUEUED,
-                                                              JobStatus.STARTED))
-    again = stuck and status == JobStatus.QUEUED and bool(job.retries_left) \
-        and not job.unreadable
+    mark = inter.get_first_seen_key(job_id)
     with queue.connection.pipeline() as pipe:
+        pipe.watch(mark)  # another housekeeper at the same entry: one of the two goes on
+        if job is not None and not _abandoned(inter, job_id):
+            return False
+        status = job.get_status(refresh=False) if job is not None else None
+        # a job that ran or moved on: rq's own workers of several queues leave its entry
+        stuck = job is not None and (job.unreadable or status in (JobStatus.QUEUED,
+                                                                  JobStatus.STARTED))
+        again = stuck and status == JobStatus.QUEUED and bool(job.retries_left) \
+            and not job.unreadable
+        pipe.multi()
         if again:
             job.retry(queue, pipe)
         elif stuck:
             record_job_failure(job, "its worker died after taking it off the queue, before "
                                "starting it, and it has no deliveries left", pipe)
         pipe.lrem(inter.key, 1, job_id)
-        pipe.delete(inter.get_first_seen_key(job_id))
-        pipe.execute()
+        pipe.delete(mark)
+        try:
+            pipe.execute()
+        except redis.WatchError:
+            return False
     if stuck:
         log.warning("job %s of queue %s: its worker died after taking it, before starting it; "
                     "%s", job_id, queue.name, "delivered again" if again else "failed")
