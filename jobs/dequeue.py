@@ -9,7 +9,8 @@ first job of the first non-empty queue into that queue's intermediate list in on
 as rq does for one queue; while every queue is empty it waits on the first (the one
 preferred) for at most ``WAIT_SLICE`` seconds at a time before looking at all again.
 rq's workers also clean these lists (they fail what they find stuck); housekeeping alone
-does (``HousekeptList``).
+does (``HousekeptList``). Before Redis 6.2 (no ``LMOVE``) rq's ``BLPOP`` is used, as rq
+itself falls back, and the window stays open there.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from redis.commands.core import Script
 from rq import Queue
 from rq.exceptions import DequeueTimeout
 from rq.intermediate_queue import IntermediateQueue
+from rq.utils import get_version
 
 WAIT_SLICE = 0.5  # seconds: the longest a job on a later queue waits for an idle worker
 # KEYS: the queues in order, then their intermediate lists in the same order. Moves the
@@ -61,6 +63,8 @@ class FarmQueue(Queue):
         list; ``None`` when every queue is empty (``timeout`` None), else ``DequeueTimeout``
         after ``timeout`` seconds (rq's contract for its ``BLPOP``)."""
         assert connection is not None
+        if get_version(connection) < (6, 2, 0):  # no LMOVE: rq's own way, as rq does
+            return super().lpop(queue_keys, timeout, connection=connection)
         if timeout == 0:
             raise ValueError("RQ does not support indefinite timeouts. Please pick a timeout "
                              "value > 0")

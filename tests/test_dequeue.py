@@ -38,7 +38,7 @@ def test_a_worker_of_two_queues_killed_before_starting_a_job_loses_nothing(env, 
     out = subprocess.run([sys.executable, "-c", KILLED_ON_TAKING.replace(f"'{Q}'", f"'{BOTH}'")],
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == -9, out.stderr
-    (job_id,) = conn.lrange(f"rq:queue:{Q}:intermediate", 0, -1)  # rq's BLPOP: in no list
+    (job_id,) = conn.lrange(f"rq:queue:{Q}:intermediate", 0, -1)  # (rq's BLPOP: in none)
     _round(rt)
     _age(conn, job_id.decode(), maintenance.STUCK_SECONDS)
     until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,

@@ -30,6 +30,20 @@ KILLED_ON_TAKING = ("import os, signal, sys\n"
                     "import workers.worker as w\n"
                     "w.taken = lambda job: os.kill(os.getpid(), signal.SIGKILL)\n"
                     f"sys.exit(w.main(['--queues', '{Q}', '--burst']))\n")
+# a worker in whose hands a job is between taken and started while a housekeeping round runs
+ROUND_ON_TAKING = ("import sys\n"
+                   "import workers.worker as w\n"
+                   "from farmcore import keys\n"
+                   "from jobs import runtime\n"
+                   "from workers import maintenance\n"
+                   "def taken(job):\n"
+                   "    rt = runtime.get()\n"
+                   f"    rt.redis.delete(keys.leader('maintenance:queue:{Q}'))\n"
+                   f"    maintenance.run_once(rt, 'in-the-window', ['{Q}'])\n"
+                   "    mark = rt.redis.keys('*first_seen*')\n"
+                   "    rt.redis.rpush('test:marks', *mark or [b'none'])\n"
+                   "w.taken = taken\n"
+                   f"sys.exit(w.main(['--queues', '{Q}', '--burst']))\n")
 
 
 def _taken_and_killed(env: dict, conn: redis.Redis) -> str:
@@ -103,7 +117,8 @@ def test_a_stuck_job_with_no_deliveries_left_is_failed_with_its_items(env, rt):
 @pytest.mark.parametrize("mark", [b"not a time", None])
 def test_entries_written_by_anyone_stop_no_redelivery(env, rt, mark):
     """A missing job, a job key that is not a hash, and a first-seen mark that is not a
-    time (or of another type) in front of a stuck job: the stuck job is still delivered."""
+    time (or of another type) in front of a stuck job: the stuck job is still delivered, a
+    minute after the mark is made anew (a forged mark never makes a job look abandoned)."""
     conn = rt.redis
     job_id = _taken_and_killed(env, conn)
     inter = f"rq:queue:{Q}:intermediate"
@@ -116,6 +131,8 @@ def test_entries_written_by_anyone_stop_no_redelivery(env, rt, mark):
     else:
         conn.set(first_seen(job_id), mark)
     _round(rt)
+    assert conn.lrange(inter, 0, -1) == [job_id.encode()]  # the garbage gone, the job kept
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
     until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
           what="the stuck job delivered again")
     assert not conn.llen(inter)
@@ -187,3 +204,57 @@ def test_two_housekeepers_at_one_stuck_job_deliver_it_once(env, rt, monkeypatch)
     assert queue.fetch_job(job_id).retries_left == budget - 1
     assert queue.scheduled_job_registry.get_job_ids() == [job_id]
     assert not conn.llen(f"rq:queue:{Q}") and not conn.llen(f"rq:queue:{Q}:intermediate")
+
+
+def test_a_job_a_worker_starts_is_timed_afresh_if_it_is_ever_taken_again(env, rt):
+    """A round that looks while a live worker holds a job between taking and starting it
+    marks it; starting the job deletes the mark, so a later take of the same job (delivered
+    again after its worker died mid-run) is not taken for abandoned at once."""
+    conn = rt.redis
+    enqueue_many(Q, "tests.kinds.ordered_record", ITEMS, connection=conn, batch=len(ITEMS),
+                 id_key="key")
+    out = subprocess.run([sys.executable, "-c", ROUND_ON_TAKING], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (marked,) = conn.lrange("test:marks", 0, -1)
+    assert b"first_seen" in marked  # the round saw it in the window
+    assert not conn.exists(marked) and not conn.llen(f"rq:queue:{Q}:intermediate")
+    assert conn.lrange("test:order", 0, -1) == [i["key"].encode() for i in ITEMS]
+
+
+def test_a_job_whose_worker_starts_it_meanwhile_is_neither_delivered_nor_failed(env, rt,
+                                                                               monkeypatch):
+    """A worker frozen for a minute between taking and starting a job wakes and starts it
+    while housekeeping is between its check and its write: housekeeping writes nothing."""
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
+    queue = rq_queue(conn, Q)
+    checked = maintenance._abandoned
+
+    def woken(inter, job):
+        found = checked(inter, job)
+        conn.hset(f"rq:job:{job_id}", "status", "started")  # the worker starts it, as rq does
+        conn.lrem(f"rq:queue:{Q}:intermediate", 1, job_id)
+        return found
+    monkeypatch.setattr(maintenance, "_abandoned", woken)
+    assert maintenance._redeliver(queue, job_id) is False
+    assert queue.fetch_job(job_id).get_status() == "started"
+    assert not queue.scheduled_job_registry.get_job_ids() and not conn.llen(f"rq:queue:{Q}")
+    assert not queue.failed_job_registry.get_job_ids() and not _failed(conn)
+
+
+def test_an_entry_of_a_started_job_is_dropped_and_the_job_left_running(env, rt):
+    """A readable job whose status says it started (written by anyone, or left by rq's own
+    workers of several queues): its entry goes, nothing is delivered or failed."""
+    conn = rt.redis
+    job_id = _taken_and_killed(env, conn)
+    conn.hset(f"rq:job:{job_id}", "status", "started")
+    _round(rt)
+    _age(conn, job_id, maintenance.STUCK_SECONDS)
+    _round(rt)
+    queue = rq_queue(conn, Q)
+    assert not conn.llen(f"rq:queue:{Q}:intermediate") and not conn.llen(f"rq:queue:{Q}")
+    assert not queue.scheduled_job_registry.get_job_ids()
+    assert not queue.failed_job_registry.get_job_ids() and not _failed(conn)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import redis
 from redis.client import Pipeline
@@ -130,35 +131,36 @@ def redeliver_stuck(conn: redis.Redis, queue: Queue) -> int:
     every maintenance interval, ten minutes). A job found there unstarted ``STUCK_SECONDS``
     after it was first seen (rq's own mark: a live worker starts its job within
     milliseconds) is delivered again while its rq ``Retry`` budget lasts, else failed and
-    settled into ``farm failed`` by the step that follows; an entry whose job is gone is
-    dropped. A round looks at the first ``STUCK_SLICE`` entries, whatever is written there.
+    settled into ``farm failed`` by the step that follows; an entry whose job is gone, ran
+    or started is dropped (a job that started and died is the started registry's). A round
+    looks at the first ``STUCK_SLICE`` entries (and as many jobs in the started registry),
+    whatever is written there.
     """
     inter = queue.intermediate_queue
     ids = [i.decode(errors="replace") for i in conn.lrange(inter.key, 0, STUCK_SLICE - 1)]
     if not ids:
         return 0
-    started = set(queue.started_job_registry.get_job_ids(cleanup=False))
+    started = set(queue.started_job_registry.get_job_ids(0, STUCK_SLICE - 1, cleanup=False))
     return _each("redeliver", queue.name, [i for i in ids if i not in started],
                  lambda job_id: _redeliver(queue, job_id))
 
 
 def _redeliver(queue: Queue, job_id: str) -> bool:
     inter = queue.intermediate_queue
-    job = queue.fetch_job(job_id)
     mark = inter.get_first_seen_key(job_id)
     with queue.connection.pipeline() as pipe:
-        pipe.watch(mark)  # another housekeeper at the same entry: one of the two goes on
+        # one of two housekeepers at the entry goes on, and none once a worker starts the job
+        pipe.watch(mark, queue.job_class.key_for(job_id))
+        job = queue.fetch_job(job_id)
         if job is not None and not _abandoned(inter, job_id):
             return False
-        status = job.get_status(refresh=False) if job is not None else None
-        # a job that ran or moved on: rq's own workers of several queues leave its entry
-        stuck = job is not None and (job.unreadable or status in (JobStatus.QUEUED,
-                                                                  JobStatus.STARTED))
-        again = stuck and status == JobStatus.QUEUED and bool(job.retries_left) \
-            and not job.unreadable
+        # else the job ran or moved on, or started (its registry entry says whether it lives)
+        stuck = job is not None and bool(job.unreadable
+                                         or job.get_status(refresh=False) == JobStatus.QUEUED)
+        again = stuck and bool(job.retries_left) and not job.unreadable
         pipe.multi()
         if again:
-            job.retry(queue, pipe)
+            _deliver_again(queue, job, pipe)
         elif stuck:
             record_job_failure(job, "its worker died after taking it off the queue, before "
                                "starting it, and it has no deliveries left", pipe)
@@ -171,19 +173,34 @@ def _redeliver(queue: Queue, job_id: str) -> bool:
     if stuck:
         log.warning("job %s of queue %s: its worker died after taking it, before starting it; "
                     "%s", job_id, queue.name, "delivered again" if again else "failed")
-    return bool(stuck)
+    return stuck
+
+
+def _deliver_again(queue: Queue, job: FarmJob, pipe: Pipeline) -> None:
+    """rq's ``Job.retry`` with every write in ``pipe`` (rq's writes the status at once)."""
+    interval = job.get_retry_interval()
+    job.retries_left -= 1
+    if interval:
+        queue.schedule_job(job, datetime.now(UTC) + timedelta(seconds=interval),
+                           pipeline=pipe)
+    else:
+        queue.enqueue_job(job, pipeline=pipe)
 
 
 def _abandoned(inter: IntermediateQueue, job_id: str) -> bool:
-    """Whether the job was first seen unstarted ``STUCK_SECONDS`` ago (marked now if not; a
-    mark that is not a time is taken for an old one: at worst a job is delivered twice)."""
+    """Whether the job was first seen here, unstarted, ``STUCK_SECONDS`` ago. Marked now if
+    not marked; a mark that is not a time (written by anyone) is made anew, so at worst a
+    job waits a minute more. A worker starting the job deletes its mark
+    (``FarmWorker.prepare_job_execution``): a later take of the same job is timed afresh."""
+    key = inter.get_first_seen_key(job_id)
     if inter.set_first_seen(job_id):
         return False
     try:
-        seen = float(inter.connection.get(inter.get_first_seen_key(job_id)))
-    except (TypeError, ValueError, redis.ResponseError):  # gone, or written by anyone
-        return True
-    return time.time() - seen >= STUCK_SECONDS
+        return time.time() - float(inter.connection.get(key)) >= STUCK_SECONDS
+    except (TypeError, ValueError, redis.ResponseError):
+        inter.connection.delete(key)
+        inter.set_first_seen(job_id)
+        return False
 
 
 def settle_failed(conn: redis.Redis, queue: str) -> int:

@@ -67,6 +67,10 @@ class FarmWorker(SimpleWorker):
         serves (rq leaves it there for a worker of several: it took the job by ``BLPOP``,
         ``FarmQueue`` takes it into the list)."""
         super().prepare_job_execution(job, remove_from_intermediate_queue=True)
+        # housekeeping's first sight of it there (``redeliver_stuck``): a later take of the
+        # same job (delivered again) is timed afresh, not taken for abandoned at once
+        mark = rq_queue(self.connection, job.origin).intermediate_queue.get_first_seen_key
+        self.connection.delete(mark(job.id))
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run the job in this process with a heartbeat thread beside it.
