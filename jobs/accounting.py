@@ -76,9 +76,8 @@ end
 
 # Lua, shared with ``jobs.lost``: a job's entry in keys.job_items and its progress as
 # numbers; nil when what is stored is not a count (whoever can write to Redis must not make
-# a script fail on it for good). A resume
-# point that is not a string, not a count, or past the job's items is 0: the items run again
-# (they are idempotent), never skipped unrecorded.
+# a script fail on it for good). A resume point that is not a string, not a count, or past
+# the job's items is 0: the items run again (they are idempotent), never skipped unrecorded.
 COUNT_LUA = b"""
 local function count(v)
   local x = tonumber(v)

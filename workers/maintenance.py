@@ -177,7 +177,8 @@ def _redeliver(queue: Queue, job_id: str) -> bool:
 
 
 def _deliver_again(queue: Queue, job: FarmJob, pipe: Pipeline) -> None:
-    """rq's ``Job.retry`` with every write in ``pipe`` (rq's writes the status at once)."""
+    """rq's ``Job.retry`` with every write in ``pipe`` (rq's writes the job's status outside
+    the pipeline, which would break the transaction that watches the job)."""
     interval = job.get_retry_interval()
     job.retries_left -= 1
     if interval:
