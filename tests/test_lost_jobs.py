@@ -38,16 +38,16 @@ def _enqueue(conn: redis.Redis, items: list[dict] = ITEMS, batch: int = 5) -> li
     return [j.decode() for j in conn.lrange(f"rq:queue:{Q}", 0, -1)]
 
 
-def _counter(conn: redis.Redis) -> int:
-    return int(conn.get(keys.items_queued(Q)) or 0)
+def _counter(conn: redis.Redis, queue: str = Q) -> int:
+    return int(conn.get(keys.items_queued(queue)) or 0)
 
 
-def _failed(conn: redis.Redis) -> dict[str, dict]:
-    return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.failed_items(Q)).items()}
+def _failed(conn: redis.Redis, queue: str = Q) -> dict[str, dict]:
+    return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.failed_items(queue)).items()}
 
 
-def _drain(conn: redis.Redis) -> None:
-    q = rq_queue(conn, Q)
+def _drain(conn: redis.Redis, queue: str = Q) -> None:
+    q = rq_queue(conn, queue)
     SimpleWorker([q], connection=conn, serializer=JSONSerializer,
                  job_class=q.job_class).work(burst=True)
 

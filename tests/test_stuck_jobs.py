@@ -5,21 +5,19 @@ a live worker has just taken (real Redis, real worker processes)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 import redis
-from rq import SimpleWorker
 from rq.intermediate_queue import IntermediateQueue
-from rq.serializers import JSONSerializer
 
 from farmcore import keys
 from jobs import enqueue_many
 from jobs.queue import rq_queue
 from tests.conftest import ROOT
 from tests.farmkit import until
+from tests.test_lost_jobs import _counter, _drain, _failed
 from workers import maintenance
 from workers.worker import FarmWorker
 
@@ -70,16 +68,6 @@ def _age(conn: redis.Redis, job_id: str, seconds: float) -> None:
     conn.set(key, float(conn.get(key)) - seconds)
 
 
-def _drain(conn: redis.Redis) -> None:
-    q = rq_queue(conn, Q)
-    SimpleWorker([q], connection=conn, serializer=JSONSerializer,
-                 job_class=q.job_class).work(burst=True)
-
-
-def _failed(conn: redis.Redis) -> dict[str, dict]:
-    return {k.decode(): json.loads(v) for k, v in conn.hgetall(keys.failed_items(Q)).items()}
-
-
 def test_a_job_whose_worker_died_before_starting_it_runs_once(env, rt):
     conn = rt.redis
     job_id = _taken_and_killed(env, conn)
@@ -92,10 +80,10 @@ def test_a_job_whose_worker_died_before_starting_it_runs_once(env, rt):
     until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
           what="the job delivered again (after its rq Retry interval)")
     assert not conn.llen(f"rq:queue:{Q}:intermediate")
-    _drain(conn)
+    _drain(conn, Q)
     assert {k.decode(): int(v) for k, v in conn.hgetall("test:record").items()} == \
         {i["key"]: i["value"] for i in ITEMS}
-    assert int(conn.get(keys.items_queued(Q)) or 0) == 0 and not _failed(conn)
+    assert _counter(conn, Q) == 0 and not _failed(conn, Q)
     _round(rt)
     assert not conn.llen(f"rq:queue:{Q}") and not conn.exists("rq:queue:sq:intermediate")
 
@@ -107,10 +95,10 @@ def test_a_stuck_job_with_no_deliveries_left_is_failed_with_its_items(env, rt):
     _round(rt)
     _age(conn, job_id, maintenance.STUCK_SECONDS)
     _round(rt)
-    failed = _failed(conn)
+    failed = _failed(conn, Q)
     assert sorted(failed) == sorted(i["key"] for i in ITEMS)
     assert all("before starting it" in f["error"] for f in failed.values()), failed
-    assert int(conn.get(keys.items_queued(Q)) or 0) == 0
+    assert _counter(conn, Q) == 0
     assert not conn.llen(f"rq:queue:{Q}") and not conn.llen(f"rq:queue:{Q}:intermediate")
 
 
@@ -136,7 +124,7 @@ def test_entries_written_by_anyone_stop_no_redelivery(env, rt, mark):
     until(lambda: (_round(rt), conn.llen(f"rq:queue:{Q}"))[1] == 1,
           what="the stuck job delivered again")
     assert not conn.llen(inter)
-    _drain(conn)
+    _drain(conn, Q)
     assert conn.hlen("test:record") == len(ITEMS)
 
 
@@ -163,7 +151,7 @@ def test_an_entry_of_a_job_that_ran_is_dropped_and_nothing_is_run_again(env, rt)
     _age(conn, job_id, maintenance.STUCK_SECONDS)
     _round(rt)
     assert not conn.llen(f"rq:queue:{Q}:intermediate") and not conn.llen(f"rq:queue:{Q}")
-    assert not q.scheduled_job_registry.get_job_ids() and not _failed(conn)
+    assert not q.scheduled_job_registry.get_job_ids() and not _failed(conn, Q)
     assert q.fetch_job(job_id).get_status() == "finished" and not conn.exists("test:record")
 
 
@@ -242,7 +230,7 @@ def test_a_job_whose_worker_starts_it_meanwhile_is_neither_delivered_nor_failed(
     assert maintenance._redeliver(queue, job_id) is False
     assert queue.fetch_job(job_id).get_status() == "started"
     assert not queue.scheduled_job_registry.get_job_ids() and not conn.llen(f"rq:queue:{Q}")
-    assert not queue.failed_job_registry.get_job_ids() and not _failed(conn)
+    assert not queue.failed_job_registry.get_job_ids() and not _failed(conn, Q)
 
 
 def test_an_entry_of_a_started_job_is_dropped_and_the_job_left_running(env, rt):
@@ -257,4 +245,4 @@ def test_an_entry_of_a_started_job_is_dropped_and_the_job_left_running(env, rt):
     queue = rq_queue(conn, Q)
     assert not conn.llen(f"rq:queue:{Q}:intermediate") and not conn.llen(f"rq:queue:{Q}")
     assert not queue.scheduled_job_registry.get_job_ids()
-    assert not queue.failed_job_registry.get_job_ids() and not _failed(conn)
+    assert not queue.failed_job_registry.get_job_ids() and not _failed(conn, Q)
