@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+import redis
 
 from farmcore.ledger import ChunkSpec
 from jobs import runs
@@ -113,3 +114,49 @@ def test_a_long_running_supervisor_notes_a_bounded_number_of_bad_ends(settings):
     for _ in range(MAX_WORKERS + 10):
         sup._reaped(child)
     assert len(sup.ended_badly) == MAX_WORKERS
+
+
+def _group(pgid: int) -> list[int]:
+    """PIDs still running in process group ``pgid``."""
+    out = subprocess.run(["ps", "-o", "pid=", "-g", str(pgid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_a_control_database_that_refuses_the_supervisor_leaves_no_worker_behind(env):
+    """Before, the supervisor started its workers, then met the refusal (a wrong password in
+    FARM_CONTROL_DSN), printed it and exited 1: its worker ran on, unsupervised."""
+    dsn = env["FARM_CONTROL_DSN"].replace("mysql://root@", "mysql://root:wrong-pw@")
+    proc = start_workers({**env, "FARM_CONTROL_DSN": dsn}, 1)
+    try:
+        assert proc.wait(timeout=60) == 1, output(proc)
+        time.sleep(1)  # a worker it started would be running now
+        assert _group(proc.pid) == [], output(proc)
+    finally:
+        if _group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    errors = [x for x in output(proc).splitlines() if x.startswith("farm: error:")]
+    assert len(errors) == 1 and "check FARM_CONTROL_DSN" in errors[0], output(proc)
+    assert "wrong-pw" not in output(proc)
+
+
+def test_a_supervisor_that_exits_on_an_error_stops_its_workers(settings):
+    """An error the loop cannot handle (here Redis refusing the heartbeat) ended the
+    supervisor and left every worker it had started running."""
+    sup = Supervisor(settings, 1, ["farm"])
+
+    def refused() -> None:
+        raise redis.ConnectionError("Redis went away")
+
+    sup.report = refused  # type: ignore[method-assign]
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
+                                              signal.SIGUSR2)}
+    try:
+        with pytest.raises(redis.ConnectionError):
+            sup.run()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+        left = [c for c in sup.children if c.poll() is None]
+        for c in left:
+            c.kill()
+    assert sup.children and left == []

@@ -166,6 +166,22 @@ class Supervisor:
                 log.warning("worker %d did not stop; killing it", child.pid)
                 child.kill()
 
+    def _stop_children(self) -> None:
+        """Stop every worker still running when the supervisor exits on an error it cannot
+        handle (Redis or the control database refusing it): asked to stop, killed after
+        ``COLD_GRACE`` (a chunk one held is taken over when its lease expires)."""
+        live = self.alive()
+        for child in live:
+            log.warning("stopping worker %d: its supervisor exits on an error", child.pid)
+            child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + COLD_GRACE
+        for child in live:
+            try:
+                child.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
     # -- children -----------------------------------------------------------------------
     def alive(self) -> list[subprocess.Popen]:
         """Children that have not exited, reaping those that did (and noting which ended
@@ -266,6 +282,8 @@ class Supervisor:
         if swept := sweep_temp():
             log.info("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
+        # a control database it may not use (a wrong password) stops it before any worker runs
+        self._farm_id = farm_id(self.rt.ledger.pool)
         if self.burst:
             for _ in range(self.desired):
                 self.spawn()
@@ -286,6 +304,9 @@ class Supervisor:
                         log.info("deleted %d LOAD DATA temp file(s) of ended workers", swept)
                     last_maint = time.monotonic()
                 time.sleep(TICK)
+        except BaseException:
+            self._stop_children()  # none is left running unsupervised
+            raise
         finally:
             self.conn.hdel(keys.supervisors(), self.me)
             if self.metrics:
