@@ -121,8 +121,11 @@ def _execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int) -> str:
         if claim.reason == "not_before":
             dispatch_later(rt.redis, run, chunk_id, 2.0, timeouts)
         return f"skipped:{claim.reason}"
-    ctx = ChunkContext(rt.settings, rt.router.pinned(), rt.ledger, claim, run["params"],
-                       rt.redis, time_limit=time_limit())
+    try:  # the shard map unreadable here (FARM_SHARDMAP): the claimed chunk fails with why
+        ctx = ChunkContext(rt.settings, rt.router.pinned(), rt.ledger, claim, run["params"],
+                           rt.redis, time_limit=time_limit())
+    except Exception as exc:  # noqa: BLE001 - recorded like a failure of the handler
+        return _failed(rt, run, claim, exc, timeouts)
     with farm_log.context(shard=claim.args.get("shard")):
         return _run(rt, run, ctx, timeouts)
 

@@ -62,3 +62,22 @@ def test_past_its_deadline_a_chunk_stops_at_the_next_check(rt, ledger):
     with pytest.raises(ChunkTimeoutError):
         ctx.check()
     ledger.fail(lease, "test", None)
+
+
+def test_a_chunk_a_worker_cannot_route_fails_with_the_reason(rt, ledger, farm_env, tmp_path,
+                                                              park_leftover_runs):
+    """Before, a worker whose shard map could not be read claimed the chunk, raised, and left
+    it 'running' under its lease with no line logged: 'farm status' showed it running."""
+    from jobs import lifecycle
+    from shardfarm.settings import Settings
+    run_id = ledger.create_run("test", "farm", {"handler": "tests.kinds.sleepy"},
+                               [ChunkSpec("nap", {"seconds": 0})])
+    gone = Settings.from_env({**farm_env, "FARM_SHARDMAP": str(tmp_path / "gone.json")})
+    lost = Runtime(gone)
+    try:
+        assert lifecycle.execute(lost, run_id, 0) == "failed"
+    finally:
+        lost.close()
+    chunk = ledger.chunk(run_id, 0)
+    assert chunk["state"] == "failed" and chunk["lease_owner"] is None, chunk
+    assert "cannot read shard map" in chunk["last_error"] and "gone.json" in chunk["last_error"]
