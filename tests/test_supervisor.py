@@ -160,3 +160,17 @@ def test_a_supervisor_that_exits_on_an_error_stops_its_workers(settings):
         for c in left:
             c.kill()
     assert sup.children and left == []
+
+
+def test_a_shard_map_the_supervisor_cannot_read_stops_it_in_one_line(env, tmp_path):
+    """Before, 'farm workers' with FARM_SHARDMAP naming a missing file ran on without a word;
+    its workers claimed chunks and left them 'running' (a burst exited 0)."""
+    gone = tmp_path / "gone.json"
+    proc = start_workers({**env, "FARM_SHARDMAP": str(gone)}, 1)
+    try:
+        assert proc.wait(timeout=30) == 1, output(proc)
+    finally:
+        if _group(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert output(proc).splitlines() == [
+        f"farm: error: cannot read shard map {gone}: No such file or directory"]

@@ -282,7 +282,9 @@ class Supervisor:
         if swept := sweep_temp():
             log.info("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
-        # a control database it may not use (a wrong password) stops it before any worker runs
+        # a shard map it cannot read or a control database it may not use (a wrong password)
+        # stops it before any worker runs, in one line
+        self.rt.router.source.current()
         self._farm_id = farm_id(self.rt.ledger.pool)
         if self.burst:
             for _ in range(self.desired):
