@@ -367,10 +367,14 @@ class Ledger(LedgerReports):
         return out + [r[0] for r in more if r[0] not in out], now
 
     def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:
-        """``run_id`` if given and known (else ``FatalError``: no such run), else the newest
-        run of ``kind``; ``ConfigError(missing)`` when there is none."""
+        """``run_id`` if given and a run of ``kind`` (else ``FatalError``: no such run, or
+        ``ConfigError``: another kind), else the newest run of ``kind``; ``ConfigError(missing)``
+        when there is none."""
         if run_id:
-            return self.run(run_id)["run_id"]
+            if (of := self.run(run_id)["kind"]) != kind:
+                raise ConfigError(f"{run_id} is a{'n' * (of[:1] in 'aeiou')} {of} run, not a "
+                                  f"{kind} run")
+            return run_id
         run_id = self.latest_run(kind)
         if not run_id:
             raise ConfigError(missing)

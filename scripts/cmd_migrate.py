@@ -88,7 +88,8 @@ def mismatches(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
 @click.command("quarantine")
 @click.option("--run", "run_id", default=None, help="A migrate run (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
-@click.option("--limit", default=1000, show_default=True, help="At most this many rows.")
+@click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="At most this many rows.")
 @farm_options
 def quarantine(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
     """List quarantined legacy rows with their table, legacy key and reason."""

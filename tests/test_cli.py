@@ -209,16 +209,49 @@ def test_a_mistyped_run_is_an_error_not_an_all_clear(farm_env, ledger, args):
     assert out.stderr.splitlines() == [NO_RUN]
 
 
-@pytest.mark.usefixtures("park_leftover_runs")
-def test_a_known_run_without_findings_is_still_all_clear(farm_env, ledger):
-    # kind "test": a bare "migrate" run would become the first migrate run later tests plan by
-    migrate = ledger.create_run("test", "none", {}, [])
-    verify = ledger.create_run("test", "none", {}, [])
+@pytest.fixture
+def bare_runs(ledger):
+    """A migrate and a verify run without chunks, deleted after the test (a bare "migrate"
+    run left behind would become the latest migrate run later tests plan by)."""
+    made = [ledger.create_run("migrate", "none", {}, []),
+            ledger.create_run("verify", "none", {}, [])]
+    yield made
+    ledger.pool.run(lambda cur: cur.execute(
+        "DELETE FROM runs WHERE run_id IN (%s, %s)", made))
+
+
+def test_a_known_run_without_findings_is_still_all_clear(farm_env, bare_runs):
+    migrate, verify = bare_runs
     for args, line in [(("failed", "--run", migrate), "no failures"),
                        (("quarantine", "--run", migrate), f"0 quarantined in {migrate}: "),
                        (("mismatches", "--run", verify), f"no mismatches in {verify}")]:
         out = run_farm(farm_env, *args)
         assert out.returncode == 0 and out.stdout.splitlines() == [line], out.stderr
+
+
+def test_a_run_of_another_kind_is_an_error_not_an_all_clear(farm_env, bare_runs):
+    """Before, 'farm mismatches --run <a migrate run>' printed 'no mismatches in …' and
+    'farm quarantine --run <a verify run>' '0 quarantined in …', exit 0: a migration that
+    was never verified looked verified clean."""
+    migrate, verify = bare_runs
+    for args, line in [(("mismatches", "--run", migrate),
+                        f"{migrate} is a migrate run, not a verify run"),
+                       (("quarantine", "--run", verify),
+                        f"{verify} is a verify run, not a migrate run")]:
+        out = run_farm(farm_env, *args)
+        assert (out.returncode, out.stdout) == (1, ""), out
+        assert out.stderr.splitlines() == [f"farm: error: {line}"]
+
+
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_a_quarantine_limit_below_one_is_a_usage_error(farm_env, ledger, limit):
+    """Before, --limit -5 reached MySQL as 'LIMIT -5': a SQL syntax error, exit 1; and
+    --limit 0 listed every row."""
+    out = run_farm(farm_env, "quarantine", "--limit", limit)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.splitlines() == [
+        f"farm: error: Invalid value for '--limit': {limit} is not in the range x>=1. "
+        "(see 'farm quarantine --help')"]
 
 
 @pytest.mark.parametrize("url,why", [

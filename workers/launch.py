@@ -28,7 +28,6 @@ from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
 from loaders.migration import migrate as migration
 from loaders.migration import verify as verifier
-from shardfarm.errors import ConfigError
 from workers import cron as scheduler
 
 Notice = Callable[[str], None]
@@ -105,10 +104,7 @@ def migrate_run(rt: Runtime, run_id: str | None) -> dict:
     """The ledger's row of migrate run ``run_id`` (default: the latest migrate run)."""
     run_id = rt.ledger.run_or_latest(run_id, "migrate",
                                      "no migrate run to verify: run 'farm migrate' first")
-    of = rt.ledger.run(run_id)
-    if of["kind"] != "migrate":
-        raise ConfigError(f"{run_id} is a {of['kind']} run, not a migrate run")
-    return of
+    return rt.ledger.run(run_id)
 
 
 def start_verify(rt: Runtime, of: dict, extra: dict | None = None) -> str:
