@@ -121,6 +121,26 @@ def test_an_unknown_legacy_database_is_a_setting_not_shards_init(server_b):
     assert msg.endswith("(check FARM_LEGACY_DSN)"), msg
 
 
+def test_a_legacy_database_without_the_legacy_tables_names_the_setting(server_b):
+    """Before, 'farm migrate' against a legacy database without its tables said only
+    "Table 'x.users' doesn't exist": nothing named what to fix."""
+    from loaders.migration.legacy import LegacyReader
+    name = "farm_err_emptylegacy"
+    admin = pymysql.connect(host="127.0.0.1", port=server_b.port, user="root", autocommit=True)
+    try:
+        admin.cursor().execute(f"CREATE DATABASE IF NOT EXISTS {name}")
+        reader = LegacyReader(DSN.parse(f"mysql://root@127.0.0.1:{server_b.port}/{name}",
+                                        what="FARM_LEGACY_DSN"))
+        msg = _error(lambda: reader.query("SELECT id FROM users"))
+        reader.close()
+    finally:
+        admin.cursor().execute(f"DROP DATABASE IF EXISTS {name}")
+        admin.close()
+    assert f"Table '{name}.users' doesn't exist" in msg and "shards init" not in msg
+    assert msg.endswith("(check FARM_LEGACY_DSN: the database it names lacks this legacy "
+                        "table)"), msg
+
+
 def test_missing_table_on_a_shard_names_host_server_shard_and_table(router):
     shard = SHARDS_B[0]
     q = f"`db{shard:05d}`.`no_such_table`"  # a name outside the vocabulary, on purpose

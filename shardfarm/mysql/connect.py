@@ -162,10 +162,13 @@ def translate(exc: BaseException, where: Where | str, shard: int | None = None, 
         return failed
     text = str(exc.args[1]) if len(exc.args) > 1 else str(exc) or type(exc).__name__
     msg = f"MySQL error {code} on {on}: {scrub(code, text)}"
-    if code in NOT_SET_UP and getattr(where, "name", "") != NAMES["FARM_LEGACY_DSN"]:
+    legacy = getattr(where, "name", "") == NAMES["FARM_LEGACY_DSN"]
+    if code in NOT_SET_UP and not legacy:
         msg += f" (run 'farm shards init', or check {setting})"
     elif code in SETTING_CODES:
         msg += f" (check {setting})"
+    elif code == 1146:  # the legacy source: 'farm shards init' does not make it
+        msg += f" (check {setting}: the database it names lacks this legacy table)"
     if code in TRANSIENT_CODES or isinstance(exc, pymysql.err.InterfaceError):
         return TransientDatabaseError(msg, **kw)
     return PermanentDatabaseError(msg, **kw)
