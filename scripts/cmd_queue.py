@@ -84,7 +84,13 @@ def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
                            on_ids=watch.add if wait else None)
     doc = res.as_dict()
     if wait:
-        done = _wait_items(watch, queue)
+        try:
+            done = _wait_items(watch, queue)
+        except KeyboardInterrupt:  # the items stay queued: say so, with what was enqueued
+            _report(doc, queue, as_json)
+            click.echo(f"farm: stopped waiting; the items stay queued on {queue} ('farm "
+                       "status' shows the queue, 'farm failed' any that fail)", err=True)
+            sys.exit(130)
         doc.update(done=done.done, failed=done.failed)
     _report(doc, queue, as_json)
     if doc.get("failed"):

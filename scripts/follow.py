@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sys
 
+import click
+
 from farmcore.progress import read_progress
 from jobs import runs
 from jobs.runtime import Runtime
@@ -16,10 +18,16 @@ from scripts.summaries import for_people, summary_lines
 
 
 def wait_with_progress(rt: Runtime, run_id: str) -> str:
-    """Show the run's progress until it ends; returns its final status."""
+    """Show the run's progress until it ends; returns its final status. Ctrl-C stops the
+    waiting, not the run: one line says so and what to do next, exit 130."""
     bars = ProgressBars(run_id)
     try:
         return runs.wait(rt, run_id, on_tick=bars)
+    except KeyboardInterrupt:
+        bars.close()
+        click.echo(f"farm: stopped waiting; {run_id} goes on on the workers ('farm status "
+                   f"--run {run_id}' shows it, 'farm pause {run_id}' stops it)", err=True)
+        sys.exit(130)
     finally:
         bars.close()
 

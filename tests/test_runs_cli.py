@@ -8,6 +8,7 @@ import pytest
 
 from farmcore.ledger import ChunkSpec
 from jobs import runs
+from jobs.queue import rq_queue
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
 
@@ -137,3 +138,50 @@ def test_runs_lists_every_run_newest_first_with_its_chunks(rt, env):
     assert table.returncode == 0 and all(run_id in table.stdout for run_id in made)
     assert "0/2" in table.stdout and "farm unpause RUN_ID" in table.stdout
     assert "no runs" in run_farm(env, "runs", "--kind", "nothing-of-this-kind").stdout
+
+
+def _interrupted(env: dict, *args: str, ready) -> tuple[int, str]:
+    """``farm ARGS`` as a subprocess, sent SIGINT (Ctrl-C) once ``ready(output)`` holds:
+    its exit code and output."""
+    import signal
+    import sys
+
+    from tests.farmkit import output, spawn
+    proc = spawn([sys.executable, "-m", "scripts", *args], env)
+    try:
+        until(lambda: ready(output(proc)), timeout=60, what="the command to be waiting")
+        proc.send_signal(signal.SIGINT)
+        return proc.wait(timeout=30), output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_ctrl_c_during_wait_says_the_run_goes_on(rt, env):
+    """Before, Ctrl-C during '--wait' printed 'farm: aborted': nothing said whether the run
+    was stopped too (it is not) or how to stop it."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
+    rt.ledger.set_paused(run_id, True)  # resume --wait then waits until interrupted
+    code, out = _interrupted(env, "resume", run_id, "--wait",
+                             ready=lambda out: "re-enqueued" in out)
+    assert code == 130, out
+    assert out.strip().splitlines()[-1] == (
+        f"farm: stopped waiting; {run_id} goes on on the workers ('farm status --run "
+        f"{run_id}' shows it, 'farm pause {run_id}' stops it)")
+    assert "Traceback" not in out and rt.ledger.run(run_id)["status"] == "running"
+
+
+def test_ctrl_c_during_enqueue_wait_says_the_items_stay_queued(rt, env, tmp_path):
+    """Before, Ctrl-C during 'farm enqueue --wait' printed 'farm: aborted' and not the
+    {"enqueued": n} line: a script could not tell what it had queued."""
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"key": "ctrl-c", "value": i}) + "\n" for i in range(3)))
+    queue = rq_queue(rt.redis, "ctrlc")
+    code, out = _interrupted(env, "enqueue", "ctrlc", "tests.kinds.record", "--file",
+                             str(items), "--wait", ready=lambda _: queue.count >= 1)
+    assert code == 130, out
+    assert out.strip().splitlines()[-2:] == [
+        '{"enqueued": 3, "duplicates": 0}',
+        "farm: stopped waiting; the items stay queued on ctrlc ('farm status' shows the "
+        "queue, 'farm failed' any that fail)"]
