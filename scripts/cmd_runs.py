@@ -16,7 +16,7 @@ from loaders.migration import follower
 from scripts.app import App
 from scripts.follow import finish, show_summary
 from scripts.options import AS_JSON, emit, farm_options, shared_flags
-from scripts.render import compact, echo_lines, runs_lines, status_lines
+from scripts.render import compact, echo_lines, note, runs_lines, status_lines
 from sharding import fencing
 
 
@@ -110,6 +110,8 @@ def resume(app: App, run_id: str, wait: bool, as_json: bool) -> None:
     """Re-enqueue every chunk of RUN_ID that is not done (e.g. after Redis restarted empty)."""
     n = runs.resume(app.runtime, run_id)
     click.echo(f"re-enqueued {n} unfinished chunk(s) of {run_id}", err=True)
+    if app.runtime.ledger.run(run_id)["paused"]:
+        note(f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause {run_id}'")
     finish(app, run_id, wait, as_json)
 
 

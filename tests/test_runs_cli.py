@@ -185,3 +185,16 @@ def test_ctrl_c_during_enqueue_wait_says_the_items_stay_queued(rt, env, tmp_path
         '{"enqueued": 3, "duplicates": 0}',
         "farm: stopped waiting; the items stay queued on ctrlc ('farm status' shows the "
         "queue, 'farm failed' any that fail)"]
+
+
+def test_resuming_a_paused_run_says_it_stays_paused(rt, env):
+    """Before, 'farm resume' of a paused run said only 're-enqueued 0 unfinished chunk(s)',
+    and with --wait then waited without a word."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
+    rt.ledger.set_paused(run_id, True)
+    out = run_farm(env, "resume", run_id)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        f"re-enqueued 0 unfinished chunk(s) of {run_id}",
+        f"farm: note: {run_id} is paused: no chunk of it is dispatched until 'farm unpause "
+        f"{run_id}'"]
