@@ -47,13 +47,24 @@ def connect(url: str, timeout: float) -> tuple[KazooClient, str]:
     """A started client of the ZooKeeper ensemble of ``url``, and the node's path."""
     hosts, node = parse_url(url)
     client = KazooClient(hosts=hosts, timeout=timeout)
+    kazoo_log = logging.getLogger("kazoo.client")
+    kazoo_log.addFilter(_quiet)  # its retries are ours to report, in one line
     try:
         client.start(timeout=timeout)
     except (KazooTimeoutError, KazooException, OSError):
+        client.stop()
         client.close()
         raise ConfigError(f"ZooKeeper {hosts} does not answer within {timeout:g} s "
                           f"(FARM_SHARDMAP {url})") from None
+    finally:
+        kazoo_log.removeFilter(_quiet)
     return client, node
+
+
+def _quiet(record: logging.LogRecord) -> bool:
+    """A logging filter that drops kazoo's WARNING per failed attempt to connect (a dozen
+    lines before the one error line, while ``connect`` waits)."""
+    return record.levelno > logging.WARNING
 
 
 @contextmanager

@@ -149,3 +149,17 @@ def test_a_node_its_acl_keeps_from_us_is_one_line(url):
     finally:
         owner.stop()
         owner.close()
+
+
+def test_a_dead_zookeeper_is_one_line_from_the_command(farm_env):
+    """Before, 'farm shards show' against a ZooKeeper that does not answer printed a kazoo
+    WARNING per retry (nine lines in 10 s) before its one error line."""
+    from tests.conftest import run_farm
+    from tests.servers import free_port
+    port = free_port()
+    out = run_farm({**farm_env, "FARM_SHARDMAP": f"zk://127.0.0.1:{port}/map",
+                    "FARM_CONNECT_TIMEOUT": "3"}, "shards", "show", timeout=60)
+    assert (out.returncode, out.stdout) == (1, ""), out
+    assert out.stderr.splitlines() == [
+        f"farm: error: ZooKeeper 127.0.0.1:{port} does not answer within 3 s (FARM_SHARDMAP "
+        f"zk://127.0.0.1:{port}/map)"]
