@@ -135,5 +135,8 @@ def _answered_hint(exc: redis.ResponseError, first: str) -> str:
     for cls, hint in _ANSWER_CLASSES:
         if isinstance(exc, cls):
             return hint
+    if first.startswith("DB index is out of range"):  # SELECT n: the URL's /n, an operator's
+        return "the database number at the end of FARM_REDIS_URL is past the server's " \
+               "'databases' setting (16 by default: 0 to 15)"
     return _ANSWER_WORDS.get(first.split(" ", 1)[0],
                              "Redis answered with this error: see the Redis server's log")

@@ -287,3 +287,14 @@ def test_an_error_redis_answers_with_says_what_it_is_not_to_check_the_url():
     assert "out of memory: raise its maxmemory" in lines[2], lines[2]
     refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
     assert "check FARM_REDIS_URL and that Redis is running" in redis_error_line(refused)
+
+
+def test_a_redis_database_past_the_servers_is_named_as_the_url_to_fix(farm_env):
+    """Before, FARM_REDIS_URL=redis://host:6379/99 said "DB index is out of range (Redis
+    answered with this error: see the Redis server's log)": nothing named the URL."""
+    url = farm_env["FARM_REDIS_URL"].rsplit("/", 1)[0] + "/99"
+    out = run_farm({**farm_env, "FARM_REDIS_URL": url}, "scale", "--clear", timeout=60)
+    assert (out.returncode, out.stdout) == (1, ""), out
+    assert out.stderr.splitlines() == [
+        "farm: error: Redis: DB index is out of range (the database number at the end of "
+        "FARM_REDIS_URL is past the server's 'databases' setting (16 by default: 0 to 15))"]
