@@ -49,3 +49,7 @@ class LedgerReports:
         return [json.loads(r[0]) for r in self.pool.query(
             "SELECT counts FROM chunks WHERE run_id = %s AND state = 'done' AND counts IS NOT NULL",
             (run_id,))]
+
+    def run_kinds(self) -> list[str]:
+        """The kinds of the runs in the ledger, in name order (for 'farm runs --kind')."""
+        return [r[0] for r in self.pool.query("SELECT DISTINCT kind FROM runs ORDER BY kind")]

@@ -66,6 +66,9 @@ def runs_cmd(ctx: click.Context, **options: object) -> None:
 def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
     """The body of ``farm runs`` (the group's own listing)."""
     listed = app.viewer.ledger.list_runs(kind, limit)
+    if kind and not listed:  # a mistyped kind ('migration') is not an empty ledger
+        known = app.viewer.ledger.run_kinds()
+        note(f"no run has kind {kind[:40]!r} (the kinds there are: {', '.join(known) or 'none'})")
     if not as_json:
         echo_lines(runs_lines(listed))
         echo_lines([size_line(ledger_size.size(app.viewer.ledger.pool))])

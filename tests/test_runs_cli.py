@@ -140,6 +140,17 @@ def test_runs_lists_every_run_newest_first_with_its_chunks(rt, env):
     assert "no runs" in run_farm(env, "runs", "--kind", "nothing-of-this-kind").stdout
 
 
+def test_runs_of_a_kind_there_is_none_of_names_the_kinds_there_are(rt, env):
+    """Before, 'farm runs --kind migration' (for migrate) said only 'no runs', exit 0, as if
+    nothing had ever run."""
+    runs.start(rt, "listing", "tests.kinds.write_edges", edges(7_100_000, 1))
+    out = run_farm(env, "runs", "--kind", "migration")
+    assert out.returncode == 0 and out.stdout.splitlines()[0] == "no runs", out
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("farm: note: no run has kind 'migration' (the kinds there are: ")
+    assert "listing" in line.split("kinds there are: ")[1], line
+
+
 def _interrupted(env: dict, *args: str, ready) -> tuple[int, str]:
     """``farm ARGS`` as a subprocess, sent SIGINT (Ctrl-C) once ``ready(output)`` holds:
     its exit code and output."""
