@@ -19,6 +19,7 @@ from scripts.app import App
 from scripts.bars import LiveLines, bar
 from scripts.options import ALLOW_MODULE, AS_JSON, emit, farm_options
 from scripts.summaries import for_people
+from shardfarm import lists
 from shardfarm.errors import FatalError, UsageError
 
 
@@ -69,6 +70,7 @@ def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
     QUEUE is a duplicate. With --wait it then shows the items finishing and adds
     "done" and "failed".
     """
+    lists.queue(queue)
     if wait and not dedup:
         raise UsageError("--wait follows items by their dedup entries: drop --no-dedup")
     policy = JobPolicy.from_env(flags=allow_modules)

@@ -11,7 +11,7 @@ import redis
 from jobs.policy import JobPolicy
 from jobs.status import read_supervisors
 from scripts.app import App
-from scripts.options import ALLOW_MODULE, CommaList, emit, farm_options
+from scripts.options import ALLOW_MODULE, QueueList, emit, farm_options
 from scripts.render import note
 from shardfarm.errors import FarmError
 from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
@@ -21,7 +21,7 @@ from workers.supervisor import MAX_WORKERS, Supervisor, write_desired
 @click.option("--count", default=2, show_default=True, type=click.IntRange(0, MAX_WORKERS),
               help="Worker processes on this machine.")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
-@click.option("--queues", default="farm", show_default=True, type=CommaList(),
+@click.option("--queues", default="farm", show_default=True, type=QueueList(),
               metavar="Q[,Q...]", help="Comma-separated queues.")
 @click.option("--metrics-port", default=None, type=click.IntRange(1, 65535), metavar="PORT",
               help="Serve this supervisor's Prometheus metrics (job latency, workers by "

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import click
 
 from scripts.app import App
-from shardfarm.lists import names
+from shardfarm.lists import names, queues
 from shardfarm.settings import FLAGS, Settings
 
 SHARED = [(FLAGS[env], env, help_) for env, help_ in [
@@ -37,6 +37,17 @@ class CommaList(click.ParamType):
         if isinstance(value, list):
             return value
         return names(str(value), param.opts[0] if param else "list")
+
+
+class QueueList(CommaList):
+    """``--queues Q1,Q2``: a ``CommaList`` of queue names (one word each, ``lists.queue``)."""
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> list[str]:
+        """The queue names; ``UsageError`` naming the option for a bad one."""
+        if isinstance(value, list):
+            return value
+        return queues(str(value), param.opts[0] if param else "--queues")
 
 
 MAX_SECONDS = 7 * 86400.0  # a week: what any wait, grace or lag limit of a command may be

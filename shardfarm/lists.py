@@ -4,7 +4,11 @@ one place and "nothing" in another."""
 
 from __future__ import annotations
 
+import re
+
 from shardfarm.errors import UsageError
+
+_QUEUE = re.compile(r"[^\s,]{1,200}")
 
 
 def names(text: str, what: str) -> list[str]:
@@ -20,3 +24,18 @@ def names(text: str, what: str) -> list[str]:
     if not all(items):
         raise UsageError(f"bad {what} {text[:80]!r}: an empty item between commas")
     return items
+
+
+def queue(text: str, what: str = "QUEUE") -> str:
+    """``text`` as a queue name: one word of at most 200 characters, without spaces or commas
+    (``farm workers --queues`` could not name it: its items would wait for ever), else a
+    ``UsageError`` naming ``what``."""
+    if not _QUEUE.fullmatch(text):
+        raise UsageError(f"bad {what} {text[:80]!r}: a queue name is one word without spaces "
+                         "or commas, e.g. farm")
+    return text
+
+
+def queues(text: str, what: str = "--queues") -> list[str]:
+    """``Q1,Q2,...`` as a list of queue names (``names``, each one checked by ``queue``)."""
+    return [queue(q, what) for q in names(text, what)]

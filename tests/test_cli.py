@@ -352,3 +352,20 @@ def test_a_flag_of_farm_sync_given_to_its_status_is_a_usage_error(farm_env):
     """``farm sync --until-caught-up status`` used to print the status and drop the flag."""
     _usage_error(run_farm(farm_env, "sync", "--until-caught-up", "status", timeout=60),
                  "--until-caught-up goes with 'farm sync' itself")
+
+
+@pytest.mark.parametrize("args,what,value", [
+    (("enqueue", "", "tests.kinds.record", "--file", "-"), "QUEUE", ""),
+    (("enqueue", "a b", "tests.kinds.record", "--file", "-"), "QUEUE", "a b"),
+    (("enqueue", "a,b", "tests.kinds.record", "--file", "-"), "QUEUE", "a,b"),
+    (("workers", "--burst", "--count", "1", "--queues", "farm,fe eds"), "--queues", "fe eds"),
+])
+def test_a_queue_no_worker_could_serve_is_a_usage_error(farm_env, args, what, value):
+    """Before, 'farm enqueue "" …' (an unset $QUEUE) or 'farm enqueue "a b" …' queued the
+    items on a queue 'farm workers --queues' cannot name (it refuses '' and splits at
+    commas): they waited for ever; a worker was started on 'fe eds'."""
+    out = run_farm(farm_env, *args, input='{"key": "q", "value": 1}\n', timeout=60)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.splitlines() == [
+        f"farm: error: bad {what} {value!r}: a queue name is one word without spaces or "
+        "commas, e.g. farm"]

@@ -28,7 +28,7 @@ from jobs.queue import rq_queue
 from jobs.status import worker_name
 from shardfarm import log as farm_log
 from shardfarm.errors import FarmError
-from shardfarm.lists import names
+from shardfarm.lists import queues
 from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
 from workers.metrics import report_job
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     add_operator_path()
     try:
         farm_log.setup()
-        worker = build(Settings.from_env(), names(args.queues, "--queues"), args.name)
+        worker = build(Settings.from_env(), queues(args.queues), args.name)
     except FarmError as exc:
         print(f"farm worker: error: {exc}", file=sys.stderr)
         return 1
