@@ -29,7 +29,7 @@ def status_lines(view: dict) -> list[str]:
                                               if run["throttled"] else "")
         lines.append(f"run {run['run_id']}  {run['kind']}  {run['status']}{flags}  "
                      f"queue {run['queue']}  since {run['created_at']}")
-        lines += _kind_lines(run["progress"])
+        lines += _kind_lines(run["progress"], run["run_id"])
     if not view["runs"]:
         lines.append("no runs yet")
     workers = ", ".join(f"{h}: {w['workers']} alive, {w['busy']} busy"
@@ -71,9 +71,20 @@ def _rows(done: int, expected: int | None) -> str:
     return f"{done:,}/{'?' if expected is None else f'{expected:,}'}"
 
 
-def _kind_lines(p: dict) -> list[str]:
+def _ending(p: dict, run_id: str) -> str:
+    """How a run's line ends: its ETA, ``done``, or (a run that ended with failed chunks)
+    how many failed and what to run next."""
+    if not p["finished"]:
+        return f"ETA {duration(p['eta_s'])}"
+    if not p["chunks_failed"]:
+        return "done"
+    return (f"ended with {p['chunks_failed']:,} failed chunk(s): 'farm failed --run {run_id}' "
+            f"says why, 'farm retry-failed --run {run_id}' tries them again")
+
+
+def _kind_lines(p: dict, run_id: str) -> list[str]:
     """The per-kind table of one run (its first column as wide as the longest kind), then
-    the whole run's rates (paused time left out) and its ETA."""
+    the whole run's rates (paused time left out) and its ETA (``_ending``)."""
     w = max([12, *(len(k["kind"]) + 2 for k in p["kinds"])])
     out = [f"  {'kind':<{w}}{'chunks':>15}{'running':>9}{'failed':>8}"
            f"{'rows read':>25}{'written':>13}{'quarant.':>10}"]
@@ -82,7 +93,7 @@ def _kind_lines(p: dict) -> list[str]:
         out.append(f"  {k['kind']:<{w}}{chunks:>15}{k['chunks_running']:>9}"
                    f"{k['chunks_failed']:>8}{_rows(k['rows_done'], k['rows_expected']):>25}"
                    f"{k['rows_written']:>13,}{k['rows_quarantined']:>10,}")
-    eta = "done" if p["finished"] else f"ETA {duration(p['eta_s'])}"
+    eta = _ending(p, run_id)
     out.append(f"  run: {_rows(p['rows_done'], p['rows_expected'])} rows, "
                f"{p['chunks_done']:,}/{p['chunks_total']:,} chunks, "
                f"{p['rate_last_minute']:,.0f} rows/s over the last minute, "

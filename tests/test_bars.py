@@ -34,6 +34,13 @@ def test_unknown_rows_fall_back_to_chunks_and_paused_says_so():
     assert lines[2].endswith("ETA - · PAUSED")
 
 
+def test_a_run_that_ended_with_failed_chunks_does_not_say_done():
+    """Before, the last drawing of a run whose chunks all failed ended in '· done'."""
+    ended = progress_lines("migrate-x", _progress(finished=True, chunks_failed=2, eta_s=None))
+    assert ended[-1].endswith("(1,534 since start) · ended, 2 failed"), ended[-1]
+    assert progress_lines("migrate-x", _progress(finished=True))[-1].endswith("· done")
+
+
 def test_bar_fraction_is_clamped():
     assert bar(0) == "[" + "." * 20 + "]" and bar(1.5) == "[" + "#" * 20 + "]"
 

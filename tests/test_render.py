@@ -23,3 +23,16 @@ def test_status_shows_rows_per_kind_and_one_run_line():
     assert lines[4] == ("  run: 15,345/? rows, 4/8 chunks, 2,300 rows/s over the last minute, "
                         "1,534 since start (paused time left out), ETA 0:00:21")
     assert lines[-2:] == ["workers: none", "queues: none"]
+
+
+def test_a_run_that_ended_with_failed_chunks_does_not_say_done():
+    """Before, a failed run's line ended in 'done' (0/6 chunks, 6 failed: '…, done')."""
+    kinds = [KindProgress("users", 0, 3000, 0, 0, 0, 0, 1, 0, 1)]
+    p = RunProgress(0, 3000, 0, 1, 0, 1, 5.0, 0.0, 0.0, None, False, True, kinds)
+    run = {"run_id": "migrate-x", "kind": "migrate", "status": "failed", "paused": False,
+           "queue": "farm", "throttled": None, "created_at": "2026-11-24T17:00:00",
+           "progress": p.as_dict()}
+    line = status_lines({"runs": [run], "workers": {}, "queues": {}})[3]
+    assert line.endswith("since start (paused time left out), ended with 1 failed chunk(s): "
+                         "'farm failed --run migrate-x' says why, 'farm retry-failed --run "
+                         "migrate-x' tries them again"), line
