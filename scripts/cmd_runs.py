@@ -11,6 +11,7 @@ import click
 
 from farmcore import ledger_size, prune
 from farmcore.ledger_size import size_line
+from farmcore.progress import read_progress
 from jobs import recovery, runs, status
 from loaders.migration import follower
 from scripts.app import App
@@ -110,12 +111,22 @@ def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
 @AS_JSON
 @farm_options
 def resume(app: App, run_id: str, wait: bool, as_json: bool) -> None:
-    """Re-enqueue every chunk of RUN_ID that is not done (e.g. after Redis restarted empty)."""
+    """Re-enqueue every chunk of RUN_ID that is pending or running without a job (e.g. after
+    Redis restarted empty); failed chunks: 'farm retry-failed --run RUN_ID'."""
     n = runs.resume(app.runtime, run_id)
     click.echo(f"re-enqueued {n} unfinished chunk(s) of {run_id}", err=True)
+    _resume_notes(app, run_id)
+    finish(app, run_id, wait, as_json)
+
+
+def _resume_notes(app: App, run_id: str) -> None:
+    """What 'farm resume' did not do: a paused run's chunks wait for 'farm unpause', failed
+    chunks for 'farm retry-failed'."""
     if app.runtime.ledger.run(run_id)["paused"]:
         note(f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause {run_id}'")
-    finish(app, run_id, wait, as_json)
+    if failed := read_progress(app.runtime.ledger, run_id).chunks_failed:
+        note(f"{failed:,} failed chunk(s) of {run_id} are not resumed: 'farm retry-failed "
+             f"--run {run_id}' tries them again")
 
 
 @click.command("summary")

@@ -209,3 +209,17 @@ def test_resuming_a_paused_run_says_it_stays_paused(rt, env):
         f"re-enqueued 0 unfinished chunk(s) of {run_id}",
         f"farm: note: {run_id} is paused: no chunk of it is dispatched until 'farm unpause "
         f"{run_id}'"]
+
+
+def test_resuming_a_run_with_failed_chunks_names_retry_failed(rt, env):
+    """Before, 'farm resume' of a failed run said 're-enqueued 0 unfinished chunk(s)' (its
+    help: 'every chunk … that is not done') and, with --wait, exited 1 without saying why."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
+    lease = rt.ledger.claim(run_id, 0, "me", 60)
+    rt.ledger.fail(lease, "boom", None)
+    out = run_farm(env, "resume", run_id)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        f"re-enqueued 0 unfinished chunk(s) of {run_id}",
+        f"farm: note: 1 failed chunk(s) of {run_id} are not resumed: 'farm retry-failed --run "
+        f"{run_id}' tries them again"]
