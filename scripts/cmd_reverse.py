@@ -58,7 +58,8 @@ def rebalance(app: App, table: str, threshold: int, spread: int, wait: bool,
 
 @click.command("followers")
 @click.argument("board_id", type=int)
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000),
+              help="Followers per page.")
 @click.option("--cursor", default=None, help="The next_cursor of the previous page.")
 @farm_options
 def followers(app: App, board_id: int, limit: int, cursor: str | None) -> None:

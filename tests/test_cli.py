@@ -369,3 +369,22 @@ def test_a_queue_no_worker_could_serve_is_a_usage_error(farm_env, args, what, va
     assert out.stderr.splitlines() == [
         f"farm: error: bad {what} {value!r}: a queue name is one word without spaces or "
         "commas, e.g. farm"]
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    """'farm followers --help' showed '--limit INTEGER RANGE  [default: 50; …]' and nothing
+    saying what it limits."""
+    import click
+
+    from scripts.cli import cli
+    ctx = click.Context(cli)
+    bare = []
+
+    def walk(cmd: click.Command, path: str) -> None:
+        if isinstance(cmd, click.Group):
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name), f"{path} {name}")
+        bare.extend(f"{path} {p.opts[0]}" for p in cmd.params
+                    if isinstance(p, click.Option) and not p.hidden and not p.help)
+    walk(cli, "farm")
+    assert bare == []
