@@ -92,10 +92,10 @@ def snapshot(host: Host, shard: int) -> Iterator[pymysql.Connection]:
     """
     where = Where(host.name, host.host, host.port, host.user)
     conn = open_connection(where, host.password, tls=host.tls_args(), use_unicode=False,
-                           autocommit=True, read_timeout=NET_WRITE_TIMEOUT)  # stalled: retry
+                           autocommit=True, read_timeout=NET_WRITE_TIMEOUT,  # stalled: retry
+                           session=f", net_write_timeout = {NET_WRITE_TIMEOUT}")
     try:
         with conn.cursor() as cur:
-            cur.execute(f"SET SESSION net_write_timeout = {NET_WRITE_TIMEOUT}")
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
         yield conn

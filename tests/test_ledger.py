@@ -5,12 +5,14 @@ import time
 
 import pytest
 
-from farmcore import quarantine
-from farmcore.ledger import ChunkSpec, ClaimRefused, Lease, Outcome
+from farmcore import control_schema, quarantine
+from farmcore.ledger import ChunkSpec, ClaimRefused, Lease, Ledger, Outcome
 from shardfarm.errors import FatalError, FencedError
+from shardfarm.mysql.db import drop_database, ensure_database
+from shardfarm.mysql.dsn import DSN
 from sharding import fencing
 from sharding.schema import shard_table
-from tests.conftest import SHARDS_B
+from tests.conftest import SHARDS_B, ns_db
 
 
 def _run(ledger, n=3):
@@ -169,3 +171,53 @@ def test_quarantine_is_replaced_by_the_current_attempt_only(ledger):
         ledger.quarantine.record(zombie, [("boards", "5", "missing_owner", "user_id=9")])
     assert [(r["legacy_key"], r["reason"]) for r in ledger.quarantine.rows(run)] == [
         ("6", "zero_created_at"), ("90", "missing_owner")]
+
+
+@pytest.fixture
+def zoned_ledgers(server_b):
+    """``make()`` opens a ledger (new sessions) on a control database of the private server;
+    ``zone(z)`` sets the server's default time zone, as a host's daylight-saving jump or a
+    server configured in another zone would. Both are undone afterwards."""
+    dsn = DSN.parse(f"mysql://root@127.0.0.1:{server_b.port}/{ns_db('farm_control_zoned')}")
+    ensure_database(dsn)
+    control_schema.ensure(dsn)
+    (was,), = server_b.sql("SELECT @@GLOBAL.time_zone")
+    opened = []
+
+    def make() -> Ledger:
+        opened.append(Ledger(dsn))
+        return opened[-1]
+    try:
+        yield make, lambda z: server_b.sql(f"SET GLOBAL time_zone = '{z}'")
+    finally:
+        server_b.sql(f"SET GLOBAL time_zone = '{was}'")
+        for led in opened:
+            led.close()
+        drop_database(dsn)
+
+
+def test_a_live_lease_stays_live_when_the_servers_zone_jumps_ahead(zoned_ledgers):
+    make, zone = zoned_ledgers
+    zone("-05:00")
+    holder = make()
+    run = _run(holder, 1)
+    lease = holder.claim(run, 0, "holder", lease_seconds=600)
+    zone("+05:00")  # sessions opened from now on see the server's clock 10 hours later
+    other = make()
+    assert other.expire_leases() == 0
+    assert other.claim(run, 0, "other") == ClaimRefused("leased")
+    holder.finish(lease, Outcome(rows_written=1))  # never fenced out
+    assert other.chunk(run, 0)["state"] == "done"
+
+
+def test_an_expired_lease_expires_when_the_servers_zone_jumps_back(zoned_ledgers):
+    make, zone = zoned_ledgers
+    zone("+05:00")
+    dead = make()
+    run = _run(dead, 1)
+    dead.claim(run, 0, "dead", lease_seconds=0.2)
+    time.sleep(0.3)
+    zone("-05:00")  # sessions opened from now on see the server's clock 10 hours earlier
+    reaper = make()
+    assert reaper.expire_leases() == 1
+    assert isinstance(reaper.claim(run, 0, "heir"), Lease)

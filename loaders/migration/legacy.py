@@ -38,8 +38,8 @@ class LegacyReader:
         if self._conn is None or not self._conn.open:
             # group_concat_max_len: JSON_ARRAYAGG is capped by it (1 MB default)
             self._conn = connect(self.dsn, read_timeout=self.bound.socket_timeout,
-                                 write_timeout=self.bound.socket_timeout, init_command=(
-                                     "SET SESSION group_concat_max_len = @@max_allowed_packet"
+                                 write_timeout=self.bound.socket_timeout, session=(
+                                     ", group_concat_max_len = @@max_allowed_packet"
                                      f"{self.bound.session()}"))
         return self._conn
 

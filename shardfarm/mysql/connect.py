@@ -105,11 +105,20 @@ class _Connection(pymysql.connections.Connection):
         return _Connection._preferred
 
 
+UTC_SESSION = "SET SESSION time_zone = '+00:00'"  # see open_connection
+
+
 def open_connection(where: Where, password: str, *, tls: dict | None = None,
                     infile: bool = False, multi: bool = False, timeout: float | None = None,
                     read_timeout: float | None = None, write_timeout: float | None = None,
-                    **extra: object) -> pymysql.Connection:
+                    session: str = "", **extra: object) -> pymysql.Connection:
     """A utf8mb4 connection to ``where``, within ``timeout`` (default FARM_CONNECT_TIMEOUT).
+
+    Every session reads and writes times in UTC (``UTC_SESSION``), whatever the server's
+    zone: leases are ``DATETIME`` values of the server's ``NOW(3)`` that sessions of many
+    hosts write and compare, and a ``SYSTEM`` zone jumps an hour at daylight-saving changes
+    (every lease would look expired at once, or live an hour too long). ``session``: more
+    assignments for the same ``SET SESSION`` (``", a = 1, ..."``).
 
     ``infile`` allows ``LOAD DATA LOCAL INFILE`` and ``multi`` multi-statements: only the
     writers ask for them, and never both at once (a statement smuggled into a batch could
@@ -129,6 +138,7 @@ def open_connection(where: Where, password: str, *, tls: dict | None = None,
             database=where.database, charset="utf8mb4", local_infile=infile,
             client_flag=CLIENT.MULTI_STATEMENTS if multi else 0, connect_timeout=budget,
             read_timeout=budget, write_timeout=budget, defer_connect=True,
+            init_command=f"{UTC_SESSION}{session}",
             **(tls or {}), **extra)
     except (OSError, ValueError) as exc:  # TLS files missing or unreadable
         raise ConfigError(f"cannot set up TLS for MySQL {where}: {_reason(exc)} (check "

@@ -83,8 +83,7 @@ class Pool:
                                timeout=self.connect_timeout, autocommit=True,
                                read_timeout=self.bound.socket_timeout,
                                write_timeout=self.bound.socket_timeout,
-                               init_command=f"SET SESSION wait_timeout = {IDLE_TIMEOUT}"
-                                            f"{self.bound.session()}")
+                               session=f", wait_timeout = {IDLE_TIMEOUT}{self.bound.session()}")
         try:
             with conn.cursor() as cur:  # whatever the server's default (module docstring)
                 cur.execute(REPEATABLE_READ)
