@@ -1,5 +1,6 @@
 """Before a run starts: the shards and mod buckets have their tables, and the control
-database exists with its own (created last, so a refused command leaves nothing behind).
+database exists (``farm shards init`` makes it) with every table of this version (added
+last, so a refused command leaves nothing behind).
 
 A run started against a missing shard database would fail chunk by chunk on the workers;
 this check refuses it at once, with the command that fixes it.
@@ -9,16 +10,24 @@ from __future__ import annotations
 
 from farmcore import control_schema
 from shardfarm.errors import ConfigError
-from shardfarm.mysql.db import ensure_database
+from shardfarm.mysql.db import database_exists, ensure_database, where
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.settings import Settings
 from sharding.router import Router
 from sharding.schema import mod_db, shard_db
 
 
-def ensure_control(dsn: DSN) -> None:
-    """Create the control database and every control table that does not exist yet."""
-    ensure_database(dsn)
+def ensure_control(dsn: DSN, create: bool = False) -> None:
+    """Create every control table that does not exist yet (a new version's), and with
+    ``create`` (``farm shards init``) the control database too. Without it a missing control
+    database is a ``ConfigError``: the fleet has its tables, so it was set up with another
+    control database, and a run started in a new one (a typo in FARM_CONTROL_DSN) would be
+    invisible to every status of the real one."""
+    if create:
+        ensure_database(dsn)
+    elif not database_exists(dsn):
+        raise ConfigError(f"the control database {dsn.database} does not exist on {where(dsn, False)}: "
+                          "check FARM_CONTROL_DSN, or run 'farm shards init' to create it")
     control_schema.ensure(dsn)
 
 
@@ -54,8 +63,8 @@ def check_fleet(router: Router) -> None:
 
 
 def preflight(settings: Settings, router: Router) -> None:
-    """Refuse to start when the shard databases are missing (``check_fleet``), then create
-    the control database and its tables when missing: a command refused here leaves
-    nothing behind."""
+    """Refuse to start when the shard databases or the control database are missing
+    (``check_fleet``, ``ensure_control``), then add the control tables this version lacks:
+    a command refused here leaves nothing behind."""
     check_fleet(router)
     ensure_control(settings.control_dsn)

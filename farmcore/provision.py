@@ -36,7 +36,7 @@ def provision(settings: Settings, router: Router, *, tune: bool = False,
 
     With ``tune`` each server's table caches are raised to fit its tables.
     """
-    ensure_control(settings.control_dsn)
+    ensure_control(settings.control_dsn, create=True)
     m = router.shardmap
     with (progress(m.shard_count() + m.buckets) if progress else nullcontext()) as step:
         report = init_databases(router, progress=step)

@@ -131,3 +131,27 @@ def test_cron_once_whose_round_fails_unexpectedly_is_one_line_naming_the_slot(
         rf"farm: error: cron {name}: slot \S+Z \(run cron-{name}-\S+Z\) failed: RuntimeError: "
         r"injected: the planner broke; run farm cron --once again\n", out.stderr), out.stderr
     assert ledger.cron_state.last_slot(name) is None  # nothing fired: the next round fires it
+
+
+@pytest.mark.parametrize("command", [("reverse",), ("export", "--date", "2026-11-21"),
+                                     ("cron", "--once")], ids=lambda c: c[0])
+def test_a_run_whose_control_database_is_missing_is_refused_and_makes_none(
+        farm_env, fresh_control, tmp_path, command):
+    """The fleet has its tables, so FARM_CONTROL_DSN names a control database other than the
+    one it was set up with (a typo): a run started in a new one would be a second ledger no
+    status of the real one shows. Before, the command made it and started the run there."""
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}",
+           "FARM_EXPORT_URL": f"file://{tmp_path}/exp"}
+    out = run_farm(env, *command, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.strip() == (
+        f"farm: error: the control database {fresh_control} does not exist on control "
+        "(root@127.0.0.1:3306): check FARM_CONTROL_DSN, or run 'farm shards init' to create it")
+    assert not _exists(fresh_control), "the refused command created the control database"
+
+
+def test_shards_init_creates_the_control_database(farm_env, fresh_control):
+    env = {**farm_env, "FARM_CONTROL_DSN": f"mysql://root@127.0.0.1:3306/{fresh_control}"}
+    out = run_farm(env, "shards", "init", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert _exists(fresh_control)

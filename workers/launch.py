@@ -61,9 +61,10 @@ def _throttled(params: dict, max_lag: float | None) -> dict:
 
 
 def _planned(rt: Runtime, plan: Callable[[], T]) -> T:
-    """What ``plan()`` returns, checked before the control database is created (when
-    missing): the shards have their tables and Redis answers, then ``plan`` reads the source
-    or looks at the destination. A run refused on a fresh machine leaves nothing behind."""
+    """What ``plan()`` returns, checked before the control database is looked at: the shards
+    have their tables and Redis answers, then ``plan`` reads the source or looks at the
+    destination, then the control database must exist (``ensure_control``). A run refused on
+    a fresh machine leaves nothing behind."""
     check_fleet(rt.router)
     rt.redis.ping()
     planned = plan()

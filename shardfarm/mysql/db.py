@@ -38,6 +38,20 @@ def _on_server(dsn: DSN, sql: str) -> None:
         conn.close()
 
 
+def database_exists(dsn: DSN) -> bool:
+    """Whether the DSN's database exists on its server."""
+    conn = connect(dsn, database=False)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
+                        (dsn.database,))
+            return bool(cur.fetchone()[0])
+    except pymysql.MySQLError as exc:
+        raise translate(exc, where(dsn, False)) from None
+    finally:
+        conn.close()
+
+
 def ensure_database(dsn: DSN) -> None:
     """Create the DSN's database if it does not exist."""
     _on_server(dsn, f"CREATE DATABASE IF NOT EXISTS `{dsn.database}` CHARACTER SET utf8mb4")
