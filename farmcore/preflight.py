@@ -26,8 +26,9 @@ def ensure_control(dsn: DSN, create: bool = False) -> None:
     if create:
         ensure_database(dsn)
     elif not database_exists(dsn):
-        raise ConfigError(f"the control database {dsn.database} does not exist on {where(dsn, False)}: "
-                          "check FARM_CONTROL_DSN, or run 'farm shards init' to create it")
+        raise ConfigError(f"the control database {dsn.database} does not exist on "
+                          f"{where(dsn, False)}: check FARM_CONTROL_DSN, or run 'farm shards "
+                          "init' to create it")
     control_schema.ensure(dsn)
 
 
