@@ -136,6 +136,8 @@ STATEMENTS: list[str] = [
     # after the run ended; runs archived before this column get theirs forgotten then too).
     "ALTER TABLE runs_archive ADD COLUMN IF NOT EXISTS fences_left TINYINT(1) NOT NULL "
     "DEFAULT 1, ADD INDEX IF NOT EXISTS by_fences (fences_left, finished_at)",
+    # when 'farm cancel' ended the run (a global 'farm retry-failed' leaves it alone)
+    "ALTER TABLE runs ADD COLUMN IF NOT EXISTS cancelled_at DATETIME(3) NULL",
     # chunks claimed since a time ('farm sync': did a migration write during an apply?)
     "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_started (started_at)",
     # a chunk's quarantine rows, replaced by each attempt (farmcore.quarantine.record): without

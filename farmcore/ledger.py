@@ -32,6 +32,7 @@ from sharding.fencing import FenceToken
 # A run's status while 'farm runs prune' deletes its rows (farmcore.prune): nothing
 # recomputes it, and 'farm retry-failed' gives no chunk of it back.
 PRUNING = "pruning"
+CANCELLED = "cancelled by the operator (farm cancel)"  # the last_error of its chunks
 
 
 @dataclass(frozen=True)
@@ -155,9 +156,9 @@ class Ledger(LedgerReports):
     def runs(self, limit: int = 20, active_only: bool = False,
              unfinished: bool = False) -> list[str]:
         """Newest run IDs first: all, active ones (running or paused), or those with a chunk
-        not done (failed runs included)."""
+        not done (failed runs included, cancelled ones not)."""
         where = ("WHERE status IN ('running', 'paused')" if active_only else
-                 "WHERE status <> 'done'" if unfinished else "")
+                 "WHERE status <> 'done' AND cancelled_at IS NULL" if unfinished else "")
         return [r[0] for r in self.pool.query(
             f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s", (limit,))]
 
@@ -324,17 +325,34 @@ class Ledger(LedgerReports):
             out.setdefault(run_id, []).append(chunk_id)
         return out
 
+    def cancel(self, run_id: str) -> int:
+        """End a run: its pending and running chunks fail as cancelled (a worker holding one
+        is fenced out at its next renewal or check); returns how many. ``farm retry-failed
+        --run`` takes them up again (``reset_failed``)."""
+        self.run(run_id)
+
+        def write(cur: pymysql.cursors.Cursor) -> int:
+            n = cur.execute("UPDATE chunks SET state = 'failed', last_error = %s, lease_owner = "
+                            "NULL, lease_expires = NULL, finished_at = NOW(3) WHERE run_id = %s "
+                            "AND state IN ('pending', 'running')", (CANCELLED, run_id))
+            cur.execute("UPDATE runs SET cancelled_at = COALESCE(cancelled_at, NOW(3)) "
+                        "WHERE run_id = %s", (run_id,))
+            return n
+        n = self.pool.run(write, transaction=True)
+        self.refresh_status(run_id)
+        return n
+
     def reset_failed(self, run_id: str) -> int:
-        """Failed chunks back to pending with a fresh attempt budget; returns how many (none
-        of a run being pruned: ``farmcore.prune``)."""
+        """Failed chunks back to pending with a fresh attempt budget, a cancelled run no longer
+        cancelled; returns how many (none of a run being pruned: ``farmcore.prune``)."""
         n = self.pool.execute("UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
                               "SET c.state = 'pending', c.attempts = 0, c.not_before = NULL "
                               "WHERE c.run_id = %s AND c.state = 'failed' "
                               f"AND r.status <> '{PRUNING}'", (run_id,))
         if n:
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
-                              "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "
-                              "WHERE run_id = %s", (run_id,))
+                              "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL, "
+                              "cancelled_at = NULL WHERE run_id = %s", (run_id,))
         return n
 
     def chunk(self, run_id: str, chunk_id: int) -> dict:

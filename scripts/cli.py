@@ -23,10 +23,10 @@ COMMANDS: dict[str, str] = {
     "rebalance": "cmd_reverse", "followers": "cmd_reverse", "feeds": "cmd_feeds",
     "export": "cmd_export", "cron": "cmd_export", "workers": "cmd_workers",
     "scale": "cmd_workers", "status": "cmd_runs", "resume": "cmd_runs", "pause": "cmd_runs",
-    "unpause": "cmd_runs", "sync": "cmd_sync", "cutover": "cmd_sync", "failed": "cmd_runs",
-    "retry-failed": "cmd_runs", "enqueue": "cmd_queue", "dashboard": "cmd_dashboard",
-    "id": "cmd_ids", "modshard": "cmd_ids", "mismatches": "cmd_migrate", "runs": "cmd_runs",
-    "summary": "cmd_runs"}
+    "unpause": "cmd_runs", "cancel": "cmd_runs", "sync": "cmd_sync", "cutover": "cmd_sync",
+    "failed": "cmd_runs", "retry-failed": "cmd_runs", "enqueue": "cmd_queue",
+    "dashboard": "cmd_dashboard", "id": "cmd_ids", "modshard": "cmd_ids",
+    "mismatches": "cmd_migrate", "runs": "cmd_runs", "summary": "cmd_runs"}
 
 
 class FarmGroup(click.Group):

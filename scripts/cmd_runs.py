@@ -1,5 +1,5 @@
-"""Operating runs: ``status``, ``runs``, ``resume``, ``pause``, ``unpause``, ``failed``,
-``retry-failed``."""
+"""Operating runs: ``status``, ``runs``, ``resume``, ``pause``, ``unpause``, ``cancel``,
+``failed``, ``retry-failed``."""
 
 from __future__ import annotations
 
@@ -157,6 +157,19 @@ def unpause(app: App, run_id: str) -> None:
     emit({"run_id": run_id, "paused": False, "enqueued": n})
 
 
+@click.command("cancel")
+@click.argument("run_id")
+@farm_options
+def cancel(app: App, run_id: str) -> None:
+    """End RUN_ID: its chunks not done fail as cancelled, and a worker holding one stops at
+    its next lease renewal; what chunks wrote stays. 'farm retry-failed --run RUN_ID' takes
+    the run up again (a 'farm retry-failed' of every run leaves it alone)."""
+    n = app.runtime.ledger.cancel(run_id)
+    if not n:
+        note(f"{run_id} had no chunk left to cancel")
+    emit({"run_id": run_id, "cancelled_chunks": n})
+
+
 @click.command("failed")
 @click.option("--run", "run_id", default=None, help="Only this run.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
@@ -204,5 +217,6 @@ def retry_failed(app: App, run_id: str | None) -> None:
 
 def register(cli: click.Group) -> None:
     """Attach this module's commands."""
-    for cmd in (status_cmd, runs_cmd, summary, resume, pause, unpause, failed, retry_failed):
+    for cmd in (status_cmd, runs_cmd, summary, resume, pause, unpause, cancel, failed,
+                retry_failed):
         cli.add_command(cmd)

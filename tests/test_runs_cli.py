@@ -9,6 +9,7 @@ import pytest
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from jobs.queue import rq_queue
+from shardfarm.errors import FencedError
 from tests.conftest import SHARDS_A, run_farm
 from tests.farmkit import start_workers, stop, until
 
@@ -223,3 +224,31 @@ def test_resuming_a_run_with_failed_chunks_names_retry_failed(rt, env):
         f"re-enqueued 0 unfinished chunk(s) of {run_id}",
         f"farm: note: 1 failed chunk(s) of {run_id} are not resumed: 'farm retry-failed --run "
         f"{run_id}' tries them again"]
+
+
+def test_cancel_ends_a_run_and_only_a_retry_of_that_run_takes_it_up(rt, env):
+    run_id = runs.start(rt, "test", "tests.kinds.write_edges", edges(8_000_000, 3))
+    held = rt.ledger.claim(run_id, 1, "a-worker")  # a worker holds one chunk
+    out = run_farm(env, "cancel", run_id)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"run_id": run_id, "cancelled_chunks": 3}
+    with pytest.raises(FencedError):  # the holder stops at its next renewal
+        rt.ledger.renew(held)
+    proc = start_workers(env, 1, "--burst")  # the run's queued jobs run nothing
+    proc.wait(timeout=60)
+    assert [c["state"] for c in map(lambda i: rt.ledger.chunk(run_id, i), range(3))] == \
+        ["failed"] * 3
+    out = run_farm(env, "failed", "--run", run_id)
+    assert out.stdout.count("cancelled by the operator (farm cancel)") == 3, out.stdout
+    assert "ended with 3 failed chunk(s)" in run_farm(env, "status", "--run", run_id).stdout
+    run_farm(env, "retry-failed")  # every run's failures: not a cancelled run's
+    assert rt.ledger.chunk(run_id, 0)["state"] == "failed"
+    out = run_farm(env, "retry-failed", "--run", run_id)
+    assert json.loads(out.stdout)["chunks"] == 3
+    proc = start_workers(env, 1, "--burst")
+    proc.wait(timeout=60)
+    assert rt.ledger.refresh_status(run_id) == "done"
+    again = run_farm(env, "cancel", run_id)  # nothing left: said, not an error
+    assert again.returncode == 0 and "had no chunk left to cancel" in again.stderr
+    out = run_farm(env, "cancel", "nope-run")
+    assert out.returncode == 1 and "no run 'nope-run'" in out.stderr
