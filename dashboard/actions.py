@@ -1,4 +1,4 @@
-"""What an operator may do from the page: pause, unpause, retry failed, scale. Each is the
+"""What an operator may do from the page: pause, unpause, cancel, retry failed, scale. Each is the
 library call the matching ``farm`` command makes. Refused unless the dashboard was started
 with ``--allow-actions`` and the request carries its token (compared in constant time; the
 token is never logged, echoed or put in a page)."""
@@ -14,7 +14,7 @@ from jobs.runtime import Runtime
 from shardfarm.errors import UsageError
 from workers.supervisor import MAX_WORKERS, write_desired
 
-ACTIONS = {"pause": "Pause run", "unpause": "Unpause run",
+ACTIONS = {"pause": "Pause run", "unpause": "Unpause run", "cancel": "Cancel run",
            "retry-failed": "Retry the failed chunks of run", "scale": "Scale workers"}
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 RUN = re.compile(r"[A-Za-z0-9._:-]{1,40}")
@@ -103,5 +103,7 @@ def perform(rt: Runtime, req: Request) -> str:
     if req.action == "unpause":
         n = runs.unpause(rt, req.run_id)
         return f"unpaused {req.run_id} ({n} chunk(s) enqueued)"
+    if req.action == "cancel":
+        return f"cancelled {req.run_id} ({rt.ledger.cancel(req.run_id)} chunk(s))"
     retried = recovery.retry_failed(rt, req.run_id)
     return f"retried {req.run_id}: {retried.chunks} chunk(s) enqueued"

@@ -131,6 +131,20 @@ def test_unpause_retry_failed_and_scale_with_a_bearer_token(rt, client_for):
     assert rt.redis.get(keys.desired_workers(None)) == b"3"
 
 
+def test_cancel_is_confirmed_then_ends_the_run_and_its_line_says_how(rt, client_for):
+    run_id = make_run(rt.ledger, done=1, failed=0, pending=2)
+    client = client_for(True, TOKEN)
+    assert "act-cancel" in client.get("/").get_data(as_text=True)
+    confirm = client.get(f"/confirm?action=cancel&run_id={run_id}").get_data(as_text=True)
+    assert f"Cancel run {run_id}?" in confirm
+    assert rt.ledger.refresh_status(run_id) == "running"  # the confirmation changed nothing
+    resp = client.post("/action", data={"action": "cancel", "run_id": run_id, "token": TOKEN})
+    assert resp.status_code == 303
+    assert [rt.ledger.chunk(run_id, i)["state"] for i in range(3)] == ["done", "failed", "failed"]
+    after = client.get(resp.headers["Location"]).get_data(as_text=True)
+    assert f"cancelled {run_id} (2 chunk(s))" in after and "ended, 2 failed" in after
+
+
 @pytest.mark.parametrize(("form", "status", "says"), [
     ({"action": "drop-everything"}, 400, "unknown action"),
     ({"action": "scale", "count": "many"}, 400, "bad worker count"),

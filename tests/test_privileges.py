@@ -138,9 +138,9 @@ def test_legacy_connection_sends_no_file_to_a_rogue_server(rogue):
     _assert_plain(rogue)
     msg = str(exc.value)
     assert "legacy (reader@127.0.0.1" in msg and "local file" in msg and "\n" not in msg
-    conn = connect(dsn)  # the schema and generator helpers' raw connection: refuses too
-    with pytest.raises(RuntimeError), conn.cursor() as cur:
-        cur.execute("SELECT 1")
+    with pytest.raises(FarmError) as exc:  # the schema and generator helpers' raw connection
+        connect(dsn)  # refuses too, at its first statement (the session's time zone)
+    assert "local file" in str(exc.value)
     _assert_plain(rogue)
 
 
