@@ -8,6 +8,7 @@ import json
 
 import pytest
 import redis
+from rq import Worker
 
 from farmcore import control_schema, keys
 from farmcore.identity import farm_id
@@ -74,8 +75,9 @@ def test_a_run_started_while_workers_serve_another_control_database_says_so(
     proc = start_workers({**env, "FARM_CONTROL_DSN": other_control.url()}, 1)
     try:
         until(lambda: any(json.loads(v).get("farm_id") == theirs
-                          for v in conn.hvals(keys.supervisors())), timeout=60,
-              what="the supervisor to report its farm")
+                          for v in conn.hvals(keys.supervisors()))
+              and Worker.count(connection=conn) > 0, timeout=60,
+              what="the supervisor to report its farm, and its worker to be alive")
         out = run_farm(env, "export", "--date", "2026-11-20", "--tables", "users", "--dest",
                        f"file://{tmp_path}", timeout=120)
         shown = run_farm(env, "status", timeout=60)
