@@ -10,13 +10,13 @@ the legacy data (and of the open-shard list frozen in the run).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import NamedTuple
 
 from loaders.migration import when
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.spec import RANDOM, SPEC, LegacyTable, Lookup
+from sharding.modshard import md5
 from sharding.schema import LOOKUP_KEY_CHARS
 
 
@@ -34,7 +34,7 @@ def user_placement(open_shards: list[int]) -> Callable[[int], int]:
     shards = sorted(open_shards)
 
     def place(legacy_id: int) -> int:
-        h = int.from_bytes(hashlib.md5(f"user:{legacy_id}".encode()).digest()[:8], "big")
+        h = int.from_bytes(md5(f"user:{legacy_id}".encode()).digest()[:8], "big")
         return shards[h % len(shards)]
     return place
 
