@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from loaders.migration.newids import SMALL_LIMIT, NewIds
 from loaders.migration.spec import SELF, SPEC, LegacyTable
 from loaders.migration.verdicts import Resolver, Verdict
-from loaders.migration.when import iso, unix
+from loaders.migration.when import parse
 from sharding import ids
 from sharding.jsondoc import dumps
 from sharding.modshard import bucket_of, legacy_key
@@ -48,7 +49,9 @@ class Builder:
 
     The hot loop composes each new ID of a legacy ID below 2**35 inline (shard, type and
     local ID are in range by construction, as in ``NewIds.new_id``), and asks ``NewIds``
-    only for the others."""
+    only for the others. It groups rows by shard or bucket number alone (no key tuple a
+    row), then names the tables once; a document is made in C from the row's values in
+    field order, its references and time then set in place."""
 
     def __init__(self, table: LegacyTable, resolver: Resolver, newids: NewIds,
                  buckets: int) -> None:
@@ -57,10 +60,12 @@ class Builder:
                        ids.TYPES[SPEC[r.table].type_name] << ids.TYPE_SHIFT) for r in table.refs]
         self._type_id = ids.TYPES[table.type_name] if table.is_object else None
         self._self_bits = None if self._type_id is None else self._type_id << ids.TYPE_SHIFT
-        refs = {r.field for r in table.refs}
-        # how each document field is filled: 0 as read, 1 an ISO time, 2 a new ID
-        self._doc = [(f, 2 if f in refs else 1 if f == "created_at" else 0)
-                     for f in table.fields]
+        # a document's keys, and the row's values for them (a reference as its legacy ID)
+        self._doc_keys = ("legacy_id", *table.fields)
+        self._doc_values = itemgetter("id", *table.fields) if table.fields \
+            else lambda row: (row["id"],)
+        self._doc_refs = tuple(r.field for r in table.refs if r.field in table.fields)
+        self._doc_time = "created_at" in table.fields
 
     def referenced(self, judged: list[tuple[dict, Verdict]]) -> list[tuple]:
         """``(table, legacy_id, shard)`` of every object these rows create or point at whose
@@ -94,32 +99,47 @@ class Builder:
     def build(self, judged: list[tuple[dict, Verdict]], allocate: bool = True) -> TargetRows:
         """Target rows of the valid rows in ``judged`` (the migration's hot loop)."""
         self.newids.prepare(self.referenced(judged), allocate)
-        out = TargetRows()
         t = self.table
-        mappings = [(m.table, m.from_, m.to) for m in t.mappings]
-        lookups = [(lk.table, lk.field) for lk in t.lookups]
-        new_ids, obj, by_map = self.new_ids, self._object if t.is_object else None, out.mappings
+        new_ids, obj = self.new_ids, self._object if t.is_object else None
+        objects: dict[int, list[tuple]] = defaultdict(list)  # by shard
+        mapped: dict[int, list[tuple]] = defaultdict(list)  # legacy_id_map rows, by bucket
+        mappings = [(m.from_, m.to, defaultdict(list)) for m in t.mappings]  # by shard
+        lookups = [(lk.field, defaultdict(list)) for lk in t.lookups]  # by bucket
+        buckets = self.buckets
         for row, v in judged:
             new = new_ids(row, v)
+            when = parse(row["created_at"]) if mappings or self._doc_time else None
             if obj is not None:
-                obj(out, row, v, new)
-            if mappings:
-                seq = unix(row["created_at"])
-                for name, frm_field, to_field in mappings:
-                    frm = new[frm_field]
-                    by_map[(frm >> _SHARD_SHIFT, name)].append((frm, new[to_field], seq))
-            for name, field_name in lookups:
+                obj(objects, mapped, row, v, new, when)
+            for frm_field, to_field, by_shard in mappings:
+                frm = new[frm_field]
+                by_shard[frm >> _SHARD_SHIFT].append((frm, new[to_field], when[1]))
+            for field_name, by_bucket in lookups:
                 if row[field_name] is not None:
                     key = str(row[field_name]).lower()
-                    out.lookups[(bucket_of(key, self.buckets), name)].append((key, new[SELF]))
+                    by_bucket[bucket_of(key, buckets)].append((key, new[SELF]))
+        return self._named(objects, mapped, mappings, lookups)
+
+    def _named(self, objects: dict, mapped: dict, mappings: list, lookups: list) -> TargetRows:
+        """The rows grouped by shard or bucket, keyed ``(number, table)``."""
+        t = self.table
+        out = TargetRows()
+        out.objects.update(((s, t.name), rows) for s, rows in objects.items())
+        for m, (_, _, by_shard) in zip(t.mappings, mappings, strict=True):
+            out.mappings.update(((s, m.table), rows) for s, rows in by_shard.items())
+        out.lookups.update(((b, "legacy_id_map"), rows) for b, rows in mapped.items())
+        for lk, (_, by_bucket) in zip(t.lookups, lookups, strict=True):
+            out.lookups.update(((b, lk.table), rows) for b, rows in by_bucket.items())
         return out
 
-    def _object(self, out: TargetRows, row: dict, v: Verdict, new: dict[str, int]) -> None:
-        t = self.table
+    def _object(self, objects: dict, mapped: dict, row: dict, v: Verdict, new: dict[str, int],
+                when: tuple[str, int] | None) -> None:
         legacy, own = row["id"], new[SELF]
-        doc: dict = {"legacy_id": legacy}
-        for f, how in self._doc:
-            doc[f] = row[f] if how == 0 else iso(row[f]) if how == 1 else new[f]
-        out.objects[(v.shard, t.name)].append((own & ids.MAX_LOCAL, dumps(doc), legacy))
-        b = bucket_of(legacy_key(t.type_name, legacy), self.buckets)
-        out.lookups[(b, "legacy_id_map")].append((self._type_id, legacy, own))
+        doc = dict(zip(self._doc_keys, self._doc_values(row), strict=True))
+        for f in self._doc_refs:
+            doc[f] = new[f]
+        if when is not None:
+            doc["created_at"] = when[0]
+        objects[v.shard].append((own & ids.MAX_LOCAL, dumps(doc), legacy))
+        b = bucket_of(legacy_key(self.table.type_name, legacy), self.buckets)
+        mapped[b].append((self._type_id, legacy, own))

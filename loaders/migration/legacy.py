@@ -22,6 +22,7 @@ from shardfarm.mysql.pool import retried
 SIGNED_LIMIT = 1 << 63
 IN_BATCH = IN_LIST_MAX
 AGG_ROWS = 5000
+_AGG = "CAST(JSON_ARRAYAGG({}) AS BINARY)"  # the rows as one JSON array, its UTF-8 bytes
 
 
 class LegacyReader:
@@ -97,7 +98,9 @@ class LegacyReader:
     def _aggregate(self, sql: str, plain: str, params: tuple) -> tuple[list[dict], int]:
         """One aggregated JSON value decoded by orjson in C (PyMySQL decodes each row packet
         in Python), each row a JSON object (the row's dict is built in C too); if it came
-        back NULL or cut at ``group_concat_max_len``, row by row."""
+        back NULL or cut at ``group_concat_max_len``, row by row. ``sql`` sends the value as
+        bytes (``_AGG``): orjson reads UTF-8, so a text would be decoded, then encoded again
+        (and one emoji makes a page's text four bytes a character)."""
         (agg, n), = self.query(sql, params)
         if n and agg is not None:
             try:
@@ -125,7 +128,7 @@ class LegacyReader:
                 f"({where}) AND {_after(table.key)}", params + _after_args(after))
             plain = (f"SELECT {_object(cols)} j FROM `{table.name}` WHERE {cond} "
                      f"ORDER BY {_cols(table.key)} LIMIT {AGG_ROWS}")
-            page, n = self._aggregate(f"SELECT JSON_ARRAYAGG(j), COUNT(*) FROM ({plain}) x",
+            page, n = self._aggregate(f"SELECT {_AGG.format('j')}, COUNT(*) FROM ({plain}) x",
                                       plain, args)
             out += page
             if n < AGG_ROWS:
@@ -153,7 +156,7 @@ class LegacyReader:
         for part in _id_batches(wanted):
             where = f"id IN ({','.join(['%s'] * len(part))})"
             plain = f"SELECT {_object(cols)} FROM `{table.name}` WHERE {where}"
-            batch, _ = self._aggregate(f"SELECT JSON_ARRAYAGG({_object(cols)}), "
+            batch, _ = self._aggregate(f"SELECT {_AGG.format(_object(cols))}, "
                                        f"COUNT(*) FROM `{table.name}` WHERE {where}", plain,
                                        tuple(part))
             out.update((row["id"], row) for row in batch)

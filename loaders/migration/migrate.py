@@ -199,7 +199,7 @@ def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int
         verdicts.trim()
     resolver = Resolver(reader, user_placement(params["open_shards"]), verdicts)
     resolver.load(spec, rows)
-    return resolver, [(r, resolver.judge(spec, r)) for r in rows]
+    return resolver, list(zip(rows, resolver.judge_rows(spec, rows), strict=True))
 
 
 def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver

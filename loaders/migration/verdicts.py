@@ -10,13 +10,13 @@ the legacy data (and of the open-shard list frozen in the run).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import NamedTuple
 
 from loaders.migration import when
 from loaders.migration.legacy import LegacyReader
-from loaders.migration.spec import RANDOM, SPEC, LegacyTable, Lookup
+from loaders.migration.spec import RANDOM, SPEC, LegacyTable, Lookup, Ref
+from sharding.modshard import md5
 from sharding.schema import LOOKUP_KEY_CHARS
 
 
@@ -34,7 +34,7 @@ def user_placement(open_shards: list[int]) -> Callable[[int], int]:
     shards = sorted(open_shards)
 
     def place(legacy_id: int) -> int:
-        h = int.from_bytes(hashlib.md5(f"user:{legacy_id}".encode()).digest()[:8], "big")
+        h = int.from_bytes(md5(f"user:{legacy_id}".encode()).digest()[:8], "big")
         return shards[h % len(shards)]
     return place
 
@@ -105,6 +105,7 @@ class Resolver:
         memo = verdicts if verdicts is not None else Verdicts()
         self.verdicts, self._absent = memo.by_table, memo.absent
         self.rows: dict[str, dict[int, dict]] = {t: {} for t in self.verdicts}
+        self._plans: dict[str, _Checks] = {}
 
     def load(self, table: LegacyTable, rows: list[dict]) -> None:
         """Take a chunk's own rows, fetch everything they reference, and judge every object
@@ -149,11 +150,25 @@ class Resolver:
         """The verdict on one row (memoised for object rows)."""
         memo = self.verdicts.get(table.name)
         if memo is None:  # link tables (follows, likes): nothing to remember
-            return self._judge(table, row)
+            return self._judge(self._checks(table), row)
         v = memo.get(row["id"])
         if v is None:
-            v = memo[row["id"]] = self._judge(table, row)
+            v = memo[row["id"]] = self._judge(self._checks(table), row)
         return v
+
+    def judge_rows(self, table: LegacyTable, rows: list[dict]) -> list[Verdict]:
+        """``judge`` of each of a chunk's rows (the hot loop: the table's checks are looked
+        up once, not once a row)."""
+        memo, checks, judge = self.verdicts.get(table.name), self._checks(table), self._judge
+        if memo is None:
+            return [judge(checks, row) for row in rows]
+        out = []
+        for row in rows:
+            v = memo.get(row["id"])
+            if v is None:
+                v = memo[row["id"]] = judge(checks, row)
+            out.append(v)
+        return out
 
     def _parent(self, table_name: str, legacy_id: int) -> Verdict | None:
         """The verdict on a referenced object, or ``None`` if it does not exist."""
@@ -164,27 +179,52 @@ class Resolver:
                 v = self.judge(SPEC[table_name], row)
         return v
 
-    def _judge(self, table: LegacyTable, row: dict) -> Verdict:
-        for f in table.required:
+    def _checks(self, table: LegacyTable) -> _Checks:
+        """What judging a row of ``table`` looks at, resolved once per table."""
+        checks = self._plans.get(table.name)
+        if checks is None:
+            checks = self._plans[table.name] = _Checks(
+                tuple((f, f == "created_at") for f in table.required), table.lookups,
+                tuple((r, self.verdicts[r.table]) for r in table.refs),
+                table.placement == RANDOM, table.placement)
+        return checks
+
+    def _judge(self, checks: _Checks, row: dict) -> Verdict:
+        for f, is_time in checks.required:
             value = row[f]
             if value is None:
                 return _bad(f"null_{f}")
-            if f == "created_at" and when.parse(value) is None:
+            if is_time and when.parse(value) is None:
                 zero = value.startswith("0000-00-00")
                 return _bad("zero_created_at" if zero else "invalid_created_at", value)
-        for lookup in table.lookups:
+        for lookup in checks.lookups:
             too_long = _key_too_long(lookup, row[lookup.field])
             if too_long is not None:
                 return too_long
-        shards: dict[str, int | None] = {}
-        for ref in table.refs:
+        shard = None
+        for ref, known in checks.refs:
             rid = row[ref.field]
-            v = None if rid is None else self._parent(ref.table, rid)
+            v = None if rid is None else known.get(rid)
+            if v is None and rid is not None:  # not judged yet (or absent)
+                v = self._parent(ref.table, rid)
             if v is None:
                 return _bad(f"missing_{ref.role}", f"{ref.field}={rid}")
             if not v.valid:
                 return _bad(f"{ref.role}_quarantined", f"{ref.field}={rid} ({v.reason})")
-            shards[ref.field] = v.shard
-        if table.placement == RANDOM:
+            if ref.field == checks.placement:
+                shard = v.shard
+        if checks.random:
             return _valid(self.place_user(row["id"]))
-        return _valid(shards.get(table.placement) if table.placement else None)
+        return _valid(shard)
+
+
+class _Checks(NamedTuple):
+    """A table's checks: required fields (and whether each is a time), lookups, references
+    with the verdicts on their table, and where a valid row goes (``random``, or the
+    reference field it follows)."""
+
+    required: tuple[tuple[str, bool], ...]
+    lookups: tuple[Lookup, ...]
+    refs: tuple[tuple[Ref, dict[int, Verdict]], ...]
+    random: bool
+    placement: str | None

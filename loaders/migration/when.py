@@ -12,10 +12,12 @@ _EPOCH_DAY = dt.date(1970, 1, 1).toordinal()
 def parse(text: str) -> tuple[str, int] | None:
     """``('2013-04-05T06:07:08Z', 1365142028)``, or ``None`` for a zero or invalid date.
 
-    The text is UTC: a zone it may carry is ignored, as MariaDB's DATETIME has none.
+    The text is UTC: a zone it may carry is ignored, as MariaDB's DATETIME has none (only
+    the date and the time of day are read, never the zone: no ``replace(tzinfo=None)``,
+    which cost more than the parse itself).
     """
     try:
-        value = dt.datetime.fromisoformat(text).replace(tzinfo=None)
+        value = dt.datetime.fromisoformat(text)
     except ValueError:
         return None
     # whole days and seconds of the day (the microseconds only ever round down): a
