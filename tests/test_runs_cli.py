@@ -199,31 +199,28 @@ def test_ctrl_c_during_enqueue_wait_says_the_items_stay_queued(rt, env, tmp_path
         "queue, 'farm failed' any that fail)"]
 
 
-def test_resuming_a_paused_run_says_it_stays_paused(rt, env):
-    """Before, 'farm resume' of a paused run said only 're-enqueued 0 unfinished chunk(s)',
-    and with --wait then waited without a word."""
-    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
+def _paused(rt, run_id):
     rt.ledger.set_paused(run_id, True)
-    out = run_farm(env, "resume", run_id)
-    assert out.returncode == 0, out.stderr
-    assert out.stderr.splitlines() == [
-        f"re-enqueued 0 unfinished chunk(s) of {run_id}",
-        f"farm: note: {run_id} is paused: no chunk of it is dispatched until 'farm unpause "
-        f"{run_id}'"]
 
 
-def test_resuming_a_run_with_failed_chunks_names_retry_failed(rt, env):
-    """Before, 'farm resume' of a failed run said 're-enqueued 0 unfinished chunk(s)' (its
-    help: 'every chunk … that is not done') and, with --wait, exited 1 without saying why."""
+def _failed(rt, run_id):
+    rt.ledger.fail(rt.ledger.claim(run_id, 0, "me", 60), "boom", None)
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (_paused, "{r} is paused: no chunk of it is dispatched until 'farm unpause {r}'"),
+    (_failed, "1 failed chunk(s) of {r} are not resumed: 'farm retry-failed --run {r}' tries "
+              "them again")], ids=["paused", "failed"])
+def test_resume_says_what_it_leaves(rt, env, make, says):
+    """Before, 'farm resume' of a paused or failed run said only 're-enqueued 0 unfinished
+    chunk(s)' (its help: 'every chunk … that is not done'); with --wait it then waited without
+    a word (paused) or exited 1 without saying why (failed)."""
     run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
-    lease = rt.ledger.claim(run_id, 0, "me", 60)
-    rt.ledger.fail(lease, "boom", None)
+    make(rt, run_id)
     out = run_farm(env, "resume", run_id)
     assert out.returncode == 0, out.stderr
-    assert out.stderr.splitlines() == [
-        f"re-enqueued 0 unfinished chunk(s) of {run_id}",
-        f"farm: note: 1 failed chunk(s) of {run_id} are not resumed: 'farm retry-failed --run "
-        f"{run_id}' tries them again"]
+    assert out.stderr.splitlines() == [f"re-enqueued 0 unfinished chunk(s) of {run_id}",
+                                       f"farm: note: {says.format(r=run_id)}"]
 
 
 def test_cancel_ends_a_run_and_only_a_retry_of_that_run_takes_it_up(rt, env):
