@@ -21,7 +21,9 @@ from rq import Worker
 
 from benchmarks._server import say, table_opens
 from benchmarks._usage import Usage, cpu_seconds, workers_cpu, workers_peak
+from farmcore.preflight import ensure_control
 from jobs.runtime import Runtime
+from shardfarm.mysql.dsn import DSN
 from shardfarm.settings import Settings
 
 if TYPE_CHECKING:
@@ -31,9 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKERS_TIMEOUT = 3600.0
 
 
+def control_env(bench: Bench, control: str) -> dict[str, str]:
+    """The bench environment on control database ``control``, made if missing (what
+    ``farm shards init`` does for ``farm_control``: a run never makes one)."""
+    ensure_control(DSN.parse(bench.dsn(control)), create=True)
+    return {**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}
+
+
 def run_workers(bench: Bench, count: int, control: str) -> float:
     """Seconds ``farm workers --count N --burst`` takes from start until it exits."""
-    env = {**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}
+    env = control_env(bench, control)
     log = bench.workdir / f"workers-{control}.log"
     with open(log, "wb") as out:
         start = time.perf_counter()
@@ -55,7 +64,7 @@ def run_workers(bench: Bench, count: int, control: str) -> float:
 def running_workers(bench: Bench, count: int, control: str) -> Iterator[None]:
     """``farm workers --count N`` started and registered (idle) before the block, stopped
     after it: what a timing inside the block measures excludes the workers' start-up."""
-    env = {**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}
+    env = control_env(bench, control)
     log = bench.workdir / f"workers-{control}-running.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "scripts", "workers", "--count",
@@ -78,7 +87,7 @@ def timed_run(bench: Bench, workers: int, control: str, start: Callable[[Runtime
     """With ``workers`` already running, the seconds from ``start(runtime)`` (plan, record,
     enqueue, in this process) to the run's end, and its run ID; ``usage`` gets the run's
     ``Usage`` appended."""
-    rt = Runtime(Settings.from_env({**bench.env, "FARM_CONTROL_DSN": bench.dsn(control)}))
+    rt = Runtime(Settings.from_env(control_env(bench, control)))
     try:
         with running_workers(bench, workers, control) as group:
             legacy_pid = bench.legacy.proc.pid if bench.legacy else None

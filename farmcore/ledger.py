@@ -23,7 +23,7 @@ from farmcore.mismatches import Mismatches
 from farmcore.quarantine import Quarantine
 from farmcore.syncstate import SyncState
 from shardfarm.bounds import BULK, Bound
-from shardfarm.errors import ConfigError, FatalError, FencedError
+from shardfarm.errors import FatalError, FencedError
 from shardfarm.mysql.dsn import DSN, Host
 from shardfarm.mysql.pool import Pool
 from shardfarm.retry import NO_RETRY
@@ -33,6 +33,8 @@ from sharding.fencing import FenceToken
 # recomputes it, and 'farm retry-failed' gives no chunk of it back.
 PRUNING = "pruning"
 CANCELLED = "cancelled by the operator (farm cancel)"  # the last_error of its chunks
+RUN_COLUMNS = ("run_id", "kind", "status", "queue", "params", "paused", "total_chunks",
+               "created_at", "finished_at")
 
 
 @dataclass(frozen=True)
@@ -142,13 +144,11 @@ class Ledger(LedgerReports):
 
     def run(self, run_id: str) -> dict:
         """One run's row as a dict; ``FatalError`` if there is no such run."""
-        rows = self.pool.query("SELECT run_id, kind, status, queue, params, paused, total_chunks, "
-                               "created_at, finished_at FROM runs WHERE run_id = %s", (run_id,))
+        rows = self.pool.query(f"SELECT {', '.join(RUN_COLUMNS)} FROM runs WHERE run_id = %s",
+                               (run_id,))
         if not rows:
             raise FatalError(f"no run {run_id!r} (see 'farm status' for the runs there are)")
-        keys = ("run_id", "kind", "status", "queue", "params", "paused", "total_chunks",
-                "created_at", "finished_at")
-        out = dict(zip(keys, rows[0], strict=True))
+        out = dict(zip(RUN_COLUMNS, rows[0], strict=True))
         out["params"] = json.loads(out["params"])
         out["paused"] = bool(out["paused"])
         return out
@@ -327,28 +327,30 @@ class Ledger(LedgerReports):
 
     def cancel(self, run_id: str) -> int:
         """End a run: its pending and running chunks fail as cancelled (a worker holding one
-        is fenced out at its next renewal or check); returns how many. ``farm retry-failed
-        --run`` takes them up again (``reset_failed``)."""
+        is fenced out at its next renewal or check, and until then its lease still counts in
+        ``active_runs``); returns how many. ``farm retry-failed --run`` takes them up again."""
         self.run(run_id)
 
         def write(cur: pymysql.cursors.Cursor) -> int:
-            n = cur.execute("UPDATE chunks SET state = 'failed', last_error = %s, lease_owner = "
-                            "NULL, lease_expires = NULL, finished_at = NOW(3) WHERE run_id = %s "
-                            "AND state IN ('pending', 'running')", (CANCELLED, run_id))
-            cur.execute("UPDATE runs SET cancelled_at = COALESCE(cancelled_at, NOW(3)) "
-                        "WHERE run_id = %s", (run_id,))
+            n = cur.execute("UPDATE chunks SET state = 'failed', last_error = %s WHERE run_id = "
+                            "%s AND state IN ('pending', 'running')", (CANCELLED, run_id))
+            if n:  # a run with nothing left to cancel stays as it ended
+                cur.execute("UPDATE runs SET cancelled_at = COALESCE(cancelled_at, NOW(3)) "
+                            "WHERE run_id = %s", (run_id,))
             return n
         n = self.pool.run(write, transaction=True)
         self.refresh_status(run_id)
         return n
 
-    def reset_failed(self, run_id: str) -> int:
-        """Failed chunks back to pending with a fresh attempt budget, a cancelled run no longer
-        cancelled; returns how many (none of a run being pruned: ``farmcore.prune``)."""
-        n = self.pool.execute("UPDATE chunks c JOIN runs r ON r.run_id = c.run_id "
-                              "SET c.state = 'pending', c.attempts = 0, c.not_before = NULL "
-                              "WHERE c.run_id = %s AND c.state = 'failed' "
-                              f"AND r.status <> '{PRUNING}'", (run_id,))
+    def reset_failed(self, run_id: str, cancelled: bool = True) -> int:
+        """Failed chunks back to pending with a fresh attempt budget (a cancelled run's only if
+        ``cancelled``, then no longer cancelled); returns how many (none of a run being
+        pruned: ``farmcore.prune``)."""
+        n = self.pool.execute("UPDATE chunks c JOIN runs r ON r.run_id = c.run_id SET c.state = "
+                              "'pending', c.attempts = 0, c.not_before = NULL, c.lease_expires = "
+                              "NULL WHERE c.run_id = %s AND c.state = 'failed' AND r.status <> "
+                              f"'{PRUNING}'" + ("" if cancelled else " AND r.cancelled_at IS NULL"),
+                              (run_id,))
         if n:
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
                               "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL, "
@@ -371,29 +373,3 @@ class Ledger(LedgerReports):
         return next((r[0] for r in self.pool.query(
             "SELECT run_id FROM runs WHERE kind = %s ORDER BY created_at DESC, run_id DESC "
             "LIMIT 1", (kind,))), None)
-
-    def active_runs(self, kind: str, since: object = None, grace: float = 0.0) -> tuple:
-        """Runs of ``kind`` with a chunk leased (or expired < ``grace`` s ago) or claimed after
-        ``since`` (default now) less ``grace`` and unfinished then; and the time of asking."""
-        now, us = self.pool.query("SELECT NOW(3)")[0][0], int(grace * 1e6)
-        sql = "SELECT DISTINCT run_id FROM chunks c JOIN runs r USING(run_id) WHERE r.kind=%s AND "
-        out = [r[0] for r in self.pool.query(sql + "c.state = 'running' AND c.lease_expires >= "
-                                             "NOW(3) - INTERVAL %s MICROSECOND", (kind, us))]
-        at = since or now
-        more = self.pool.query(sql + "c.started_at >= %s - INTERVAL %s MICROSECOND AND (c."
-                               "finished_at IS NULL OR c.finished_at >= %s)", (kind, at, us, at))
-        return out + [r[0] for r in more if r[0] not in out], now
-
-    def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:
-        """``run_id`` if given and a run of ``kind`` (else ``FatalError``: no such run, or
-        ``ConfigError``: another kind), else the newest run of ``kind``; ``ConfigError(missing)``
-        when there is none."""
-        if run_id:
-            if (of := self.run(run_id)["kind"]) != kind:
-                raise ConfigError(f"{run_id} is a{'n' * (of[:1] in 'aeiou')} {of} run, not a "
-                                  f"{kind} run")
-            return run_id
-        run_id = self.latest_run(kind)
-        if not run_id:
-            raise ConfigError(missing)
-        return run_id

@@ -1,18 +1,21 @@
-"""What the ledger reports of a run: progress per chunk kind, failed chunks, chunk counts.
+"""What the ledger reports of a run: progress per chunk kind, failed chunks, chunk counts,
+the runs at work and which run a command means.
 
-Read-only queries of the ``chunks`` table, kept beside ``farmcore.ledger`` (the table's
-only writer), whose ``Ledger`` offers them.
+Read-only queries of the ``runs`` and ``chunks`` tables, kept beside ``farmcore.ledger`` (the
+tables' only writer), whose ``Ledger`` offers them.
 """
 
 from __future__ import annotations
 
 import json
 
+from shardfarm.errors import ConfigError
 from shardfarm.mysql.pool import Pool
 
 
 class LedgerReports:
-    """Reads of ``chunks`` for status, the dashboard, ``farm failed`` and run summaries."""
+    """Reads of ``chunks`` for status, the dashboard, ``farm failed`` and run summaries
+    (``run`` and ``latest_run`` are ``Ledger``'s)."""
 
     pool: Pool
 
@@ -53,3 +56,31 @@ class LedgerReports:
     def run_kinds(self) -> list[str]:
         """The kinds of the runs in the ledger, in name order (for 'farm runs --kind')."""
         return [r[0] for r in self.pool.query("SELECT DISTINCT kind FROM runs ORDER BY kind")]
+
+    def active_runs(self, kind: str, since: object = None, grace: float = 0.0) -> tuple:
+        """Runs of ``kind`` with a chunk leased (or expired < ``grace`` s ago; a cancelled chunk
+        keeps its lease, its worker writing until its next renewal) or claimed after ``since``
+        (default now) less ``grace`` and unfinished then; and the time of asking."""
+        now, us = self.pool.query("SELECT NOW(3)")[0][0], int(grace * 1e6)
+        sql = "SELECT DISTINCT run_id FROM chunks c JOIN runs r USING(run_id) WHERE r.kind=%s AND "
+        out = [r[0] for r in self.pool.query(sql + "c.state IN ('running', 'failed') AND c.lease_"
+                                             "expires >= NOW(3) - INTERVAL %s MICROSECOND",
+                                             (kind, us))]
+        at = since or now
+        more = self.pool.query(sql + "c.started_at >= %s - INTERVAL %s MICROSECOND AND (c."
+                               "finished_at IS NULL OR c.finished_at >= %s)", (kind, at, us, at))
+        return out + [r[0] for r in more if r[0] not in out], now
+
+    def run_or_latest(self, run_id: str | None, kind: str, missing: str) -> str:
+        """``run_id`` if given and a run of ``kind`` (else ``FatalError``: no such run, or
+        ``ConfigError``: another kind), else the newest run of ``kind``; ``ConfigError(missing)``
+        when there is none."""
+        if run_id:
+            if (of := self.run(run_id)["kind"]) != kind:
+                raise ConfigError(f"{run_id} is a{'n' * (of[:1] in 'aeiou')} {of} run, not a "
+                                  f"{kind} run")
+            return run_id
+        run_id = self.latest_run(kind)
+        if not run_id:
+            raise ConfigError(missing)
+        return run_id

@@ -53,7 +53,7 @@ def retry_failed(rt: Runtime, run_id: str | None = None) -> int:
     run_ids = [run_id] if run_id else rt.ledger.runs(limit=1000, unfinished=True)
     n = 0
     for rid in run_ids:
-        rt.ledger.reset_failed(rid)
+        rt.ledger.reset_failed(rid, cancelled=bool(run_id))  # all runs: not a cancelled one
         n += resume(rt, rid)
     return n
 

@@ -221,3 +221,29 @@ def test_an_expired_lease_expires_when_the_servers_zone_jumps_back(zoned_ledgers
     reaper = make()
     assert reaper.expire_leases() == 1
     assert isinstance(reaper.claim(run, 0, "heir"), Lease)
+
+
+def test_a_cancelled_chunk_in_hand_counts_as_at_work_until_its_worker_is_fenced(ledger):
+    """Its worker writes until its next renewal: 'farm sync' must not apply meanwhile
+    (``active_runs``), and the retry-failed of every run leaves the run alone even when the
+    cancel lands after it listed the runs; only a retry of that run takes it up again."""
+    run = ledger.create_run("canceltest", "q", {}, [ChunkSpec("k", {"i": i}) for i in range(2)])
+    held = ledger.claim(run, 0, "w", lease_seconds=600)
+    assert ledger.cancel(run) == 2
+    assert ledger.active_runs("canceltest")[0] == [run]
+    with pytest.raises(FencedError):
+        ledger.renew(held)
+    assert ledger.reset_failed(run, cancelled=False) == 0
+    assert ledger.chunk(run, 0)["state"] == "failed"
+    assert run not in ledger.runs(limit=1000, unfinished=True)
+    assert ledger.reset_failed(run) == 2
+    assert ledger.chunk(run, 0)["state"] == "pending" and ledger.refresh_status(run) == "running"
+    assert ledger.active_runs("canceltest")[0] == []
+    assert run in ledger.runs(limit=1000, unfinished=True)
+
+
+def test_cancelling_a_run_with_nothing_left_leaves_it_as_it_ended(ledger):
+    run = _run(ledger, 1)
+    ledger.fail(ledger.claim(run, 0, "w"), "boom", None)
+    assert ledger.cancel(run) == 0
+    assert run in ledger.runs(limit=1000, unfinished=True)  # a retry of every run takes it
