@@ -8,6 +8,7 @@ loses no work, and ``farm resume`` re-enqueues what is not done.
 
 from __future__ import annotations
 
+from farmcore import utc_times
 from shardfarm.mysql.db import connect
 from shardfarm.mysql.dsn import DSN
 
@@ -185,11 +186,13 @@ STATEMENTS: list[str] = [
 
 
 def ensure(dsn: DSN) -> None:
-    """Create every control table that does not exist yet."""
+    """Create every control table that does not exist yet; times written before every
+    session was UTC are moved to UTC, once (``farmcore.utc_times``)."""
     conn = connect(dsn)
     try:
         with conn.cursor() as cur:
             for sql in STATEMENTS:
                 cur.execute(sql)
+            utc_times.convert_once(cur)
     finally:
         conn.close()

@@ -175,9 +175,9 @@ def test_quarantine_is_replaced_by_the_current_attempt_only(ledger):
 
 @pytest.fixture
 def zoned_ledgers(server_b):
-    """``make()`` opens a ledger (new sessions) on a control database of the private server;
-    ``zone(z)`` sets the server's default time zone, as a host's daylight-saving jump or a
-    server configured in another zone would. Both are undone afterwards."""
+    """``make()`` opens a ledger (new sessions) on a control database of the private server
+    (``dsn``); ``zone(z)`` sets the server's default time zone, as a host's daylight-saving
+    jump or a server configured in another zone would. Both are undone afterwards."""
     dsn = DSN.parse(f"mysql://root@127.0.0.1:{server_b.port}/{ns_db('farm_control_zoned')}")
     ensure_database(dsn)
     control_schema.ensure(dsn)
@@ -188,7 +188,7 @@ def zoned_ledgers(server_b):
         opened.append(Ledger(dsn))
         return opened[-1]
     try:
-        yield make, lambda z: server_b.sql(f"SET GLOBAL time_zone = '{z}'")
+        yield make, lambda z: server_b.sql(f"SET GLOBAL time_zone = '{z}'"), dsn
     finally:
         server_b.sql(f"SET GLOBAL time_zone = '{was}'")
         for led in opened:
@@ -197,7 +197,7 @@ def zoned_ledgers(server_b):
 
 
 def test_a_live_lease_stays_live_when_the_servers_zone_jumps_ahead(zoned_ledgers):
-    make, zone = zoned_ledgers
+    make, zone, _ = zoned_ledgers
     zone("-05:00")
     holder = make()
     run = _run(holder, 1)
@@ -211,7 +211,7 @@ def test_a_live_lease_stays_live_when_the_servers_zone_jumps_ahead(zoned_ledgers
 
 
 def test_an_expired_lease_expires_when_the_servers_zone_jumps_back(zoned_ledgers):
-    make, zone = zoned_ledgers
+    make, zone, _ = zoned_ledgers
     zone("+05:00")
     dead = make()
     run = _run(dead, 1)
