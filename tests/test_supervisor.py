@@ -174,3 +174,45 @@ def test_a_shard_map_the_supervisor_cannot_read_stops_it_in_one_line(env, tmp_pa
             os.killpg(proc.pid, signal.SIGKILL)
     assert output(proc).splitlines() == [
         f"farm: error: cannot read shard map {gone}: No such file or directory"]
+
+
+def _run_restoring_signals(sup: Supervisor) -> None:
+    """``sup.run()``, the process's signal handlers put back after it."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
+                                              signal.SIGUSR2)}
+    try:
+        sup.run()
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_an_error_during_a_warm_stop_does_not_cut_the_workers_chunks_short(settings):
+    """The workers were told to finish their chunks and stop; an error then (Redis refusing
+    the heartbeat) used to send them a second signal, which rq's workers take as 'stop now',
+    and kill them 3 s later."""
+    sup = Supervisor(settings, 1, ["farm"])
+    stopped: list[int] = []
+    sup._stop_children = lambda: stopped.append(1)  # type: ignore[method-assign]
+
+    def stop_then_refused() -> None:
+        sup._on_stop(signal.SIGTERM, None)  # the warm stop reaches the worker
+        raise redis.ConnectionError("Redis went away")
+
+    sup.report = stop_then_refused  # type: ignore[method-assign]
+    with pytest.raises(redis.ConnectionError):
+        _run_restoring_signals(sup)
+    assert sup.children and stopped == []
+    for child in sup.children:  # it ends by itself, on the warm stop
+        assert child.wait(timeout=60) is not None
+
+
+def test_a_stop_asked_during_the_burst_checks_starts_no_worker(settings):
+    """A Ctrl-C while the supervisor checked the shard map (a slow ZooKeeper, say) was
+    ignored: the burst's workers started after it and ran to the end."""
+    sup = Supervisor(settings, 2, ["farm"], burst=True)
+    sup.rt.router.source.current = lambda: sup._on_stop(signal.SIGINT, None)
+    started: list[int] = []
+    sup.spawn = lambda: started.append(1)  # type: ignore[method-assign]
+    _run_restoring_signals(sup)
+    assert started == []

@@ -286,7 +286,7 @@ class Supervisor:
         # stops it before any worker runs, in one line
         self.rt.router.source.current()
         self._farm_id = farm_id(self.rt.ledger.pool)
-        if self.burst:
+        if self.burst and not self.stopping:  # a Ctrl-C during the checks: none started
             for _ in range(self.desired):
                 self.spawn()
         try:
@@ -307,7 +307,8 @@ class Supervisor:
                     last_maint = time.monotonic()
                 time.sleep(TICK)
         except BaseException:
-            self._stop_children()  # none is left running unsupervised
+            if not self.stopping:  # else they were told already: a warm stop finishes chunks
+                self._stop_children()  # none is left running unsupervised
             raise
         finally:
             self.conn.hdel(keys.supervisors(), self.me)
