@@ -10,7 +10,7 @@ from farmcore.ledger import ChunkSpec
 from jobs import runs
 from jobs.queue import rq_queue
 from shardfarm.errors import FencedError
-from tests.conftest import SHARDS_A, run_farm
+from tests.conftest import SHARDS_A, park_unfinished_runs, run_farm
 from tests.farmkit import start_workers, stop, until
 
 pytestmark = [pytest.mark.slow,  # end-to-end: real workers, servers or long waits
@@ -238,6 +238,7 @@ def test_cancel_ends_a_run_and_only_a_retry_of_that_run_takes_it_up(rt, env):
     out = run_farm(env, "failed", "--run", run_id)
     assert out.stdout.count("cancelled by the operator (farm cancel)") == 3, out.stdout
     assert "ended with 3 failed chunk(s)" in run_farm(env, "status", "--run", run_id).stdout
+    park_unfinished_runs(rt.ledger)  # the session's other runs: a retry of all would revive them
     run_farm(env, "retry-failed")  # every run's failures: not a cancelled run's
     assert rt.ledger.chunk(run_id, 0)["state"] == "failed"
     out = run_farm(env, "retry-failed", "--run", run_id)
