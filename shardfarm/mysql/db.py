@@ -26,12 +26,13 @@ def connect(dsn: DSN, *, database: bool = True, infile: bool = False,
                            infile=infile, autocommit=True, **extra)
 
 
-def _on_server(dsn: DSN, sql: str) -> None:
-    """Run one statement on the DSN's server, outside any database."""
+def _on_server(dsn: DSN, sql: str, params: tuple = ()) -> list[tuple]:
+    """Run one statement on the DSN's server, outside any database; its rows."""
     conn = connect(dsn, database=False)
     try:
         with conn.cursor() as cur:
-            cur.execute(sql)
+            cur.execute(sql, params)
+            return list(cur.fetchall())
     except pymysql.MySQLError as exc:
         raise translate(exc, where(dsn, False)) from None
     finally:
@@ -40,16 +41,9 @@ def _on_server(dsn: DSN, sql: str) -> None:
 
 def database_exists(dsn: DSN) -> bool:
     """Whether the DSN's database exists on its server."""
-    conn = connect(dsn, database=False)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT COUNT(*) FROM information_schema.schemata WHERE schema_name = %s",
-                        (dsn.database,))
-            return bool(cur.fetchone()[0])
-    except pymysql.MySQLError as exc:
-        raise translate(exc, where(dsn, False)) from None
-    finally:
-        conn.close()
+    (n,), = _on_server(dsn, "SELECT COUNT(*) FROM information_schema.schemata "
+                            "WHERE schema_name = %s", (dsn.database,))
+    return bool(n)
 
 
 def ensure_database(dsn: DSN) -> None:
