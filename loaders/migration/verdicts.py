@@ -147,20 +147,14 @@ class Resolver:
         self._fetch_refs(table, list(fetched.values()))
 
     def judge(self, table: LegacyTable, row: dict) -> Verdict:
-        """The verdict on one row (memoised for object rows)."""
-        memo = self.verdicts.get(table.name)
-        if memo is None:  # link tables (follows, likes): nothing to remember
-            return self._judge(self._checks(table), row)
-        v = memo.get(row["id"])
-        if v is None:
-            v = memo[row["id"]] = self._judge(self._checks(table), row)
-        return v
+        """The verdict on one row (memoised for object rows: ``judge_rows``)."""
+        return self.judge_rows(table, [row])[0]
 
     def judge_rows(self, table: LegacyTable, rows: list[dict]) -> list[Verdict]:
-        """``judge`` of each of a chunk's rows (the hot loop: the table's checks are looked
-        up once, not once a row)."""
+        """The verdict on each of ``rows``, memoised for object rows (the hot loop: the
+        table's checks are looked up once, not once a row)."""
         memo, checks, judge = self.verdicts.get(table.name), self._checks(table), self._judge
-        if memo is None:
+        if memo is None:  # link tables (follows, likes): nothing to remember
             return [judge(checks, row) for row in rows]
         out = []
         for row in rows:
