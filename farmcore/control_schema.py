@@ -137,6 +137,12 @@ STATEMENTS: list[str] = [
     # after the run ended; runs archived before this column get theirs forgotten then too).
     "ALTER TABLE runs_archive ADD COLUMN IF NOT EXISTS fences_left TINYINT(1) NOT NULL "
     "DEFAULT 1, ADD INDEX IF NOT EXISTS by_fences (fences_left, finished_at)",
+    # whether this database's times were moved to UTC (``farmcore.utc_times``)
+    """CREATE TABLE IF NOT EXISTS control_clock (
+  id TINYINT NOT NULL PRIMARY KEY,
+  zone VARCHAR(64) NOT NULL,
+  converted_at DATETIME(3) NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
     # when 'farm cancel' ended the run (a global 'farm retry-failed' leaves it alone)
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS cancelled_at DATETIME(3) NULL",
     # chunks claimed since a time ('farm sync': did a migration write during an apply?)

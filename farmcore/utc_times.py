@@ -15,12 +15,6 @@ from __future__ import annotations
 
 import pymysql.cursors
 
-CLOCK = """CREATE TABLE IF NOT EXISTS control_clock (
-  id TINYINT NOT NULL PRIMARY KEY,
-  zone VARCHAR(64) NOT NULL,
-  converted_at DATETIME(3) NOT NULL
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"""
-
 # Columns written from the session's clock. Not promote_read_only.since (UTC_TIMESTAMP) nor
 # cron_state.last_slot (the scheduler's UTC slot, from Python).
 LOCAL_TIMES: dict[str, tuple[str, ...]] = {
@@ -40,8 +34,8 @@ UTC_ZONES = ("+00:00", "UTC")
 
 def convert_once(cur: pymysql.cursors.Cursor) -> bool:
     """Move the control tables' times from the server's zone to UTC unless done before;
-    whether it converted (the cursor's connection must be in autocommit mode)."""
-    cur.execute(CLOCK)
+    whether it converted (the cursor's connection must be in autocommit mode, its tables,
+    ``control_clock`` included, made: ``farmcore.control_schema``)."""
     cur.execute("START TRANSACTION")
     try:
         if not cur.execute("INSERT IGNORE INTO control_clock (id, zone, converted_at) "
