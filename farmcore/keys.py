@@ -82,6 +82,13 @@ def job_timings(supervisor: str) -> str:
     return f"{PREFIX}:timings:{supervisor}"
 
 
+def burst_outcomes(burst: str) -> str:
+    """Hash of what the workers of one ``farm workers --burst`` ran that did not succeed:
+    item or chunk ID (``job:<id>`` for a whole rq job) -> ``<chunk|item|job>:<failed|retrying>``;
+    an entry goes when a later run of the same thing in the burst succeeds."""
+    return f"{PREFIX}:burst:{burst}"
+
+
 def throttle(run_id: str) -> str:
     """Why a run is throttled right now (expires by itself)."""
     return f"{PREFIX}:throttle:{run_id}"

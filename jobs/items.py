@@ -27,7 +27,8 @@ from rq import get_current_job
 from rq.timeouts import JobTimeoutException
 
 from farmcore import keys
-from jobs import accounting, runtime
+from jobs import accounting, runtime, tally
+from jobs.policy import CHUNK_FUNCTION
 from shardfarm.errors import FatalError, RetryableError
 from shardfarm.retry import TRANSIENT, backoff
 
@@ -35,6 +36,7 @@ MAX_ITEM_ATTEMPTS = 5
 ITEM_BACKOFF, ITEM_BACKOFF_CAP = 5.0, 600.0  # seconds: first deferral, longest deferral
 CHECKPOINT_EVERY = 50
 CHECKPOINT_SECONDS = 1.0
+_TALLIED = {"done": tally.DONE, "failed": tally.FAILED, "deferred": tally.RETRYING}
 
 
 def run_items(function: str, items: list[list]) -> dict:
@@ -48,6 +50,7 @@ def run_items(function: str, items: list[list]) -> dict:
     except FatalError as exc:  # refused or not importable: every item stops here, recorded
         for item in items[start:]:
             _fail(conn, queue, function, item, 1, exc, job.id)
+            tally.note(item[0], "item", tally.FAILED)
         counts["failed"] = len(items) - start
         accounting.advance(conn, queue, job.id, len(items), len(items),
                            [i[0] for i in items[start:]])
@@ -55,7 +58,10 @@ def run_items(function: str, items: list[list]) -> dict:
     window: list[str] = []
     last = time.monotonic()
     for idx in range(start, len(items)):
-        counts[_run_one(fn, function, items[idx], conn, queue, job.id)] += 1
+        ended = _run_one(fn, function, items[idx], conn, queue, job.id)
+        counts[ended] += 1
+        if ended != "done" or function != CHUNK_FUNCTION:  # a chunk's end: jobs.lifecycle
+            tally.note(items[idx][0], "item", _TALLIED[ended])
         window.append(items[idx][0])
         if (idx + 1) % CHECKPOINT_EVERY == 0 or time.monotonic() - last > CHECKPOINT_SECONDS:
             accounting.advance(conn, queue, job.id, idx + 1, len(items), window)

@@ -25,8 +25,8 @@ from rq.timeouts import JobTimeoutException
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ClaimRefused, Lease, Outcome
-from jobs import throttle
-from jobs.dispatch import dispatch_later
+from jobs import tally, throttle
+from jobs.dispatch import chunk_item, dispatch_later
 from jobs.runtime import Runtime
 from shardfarm import log as farm_log
 from shardfarm import tuning
@@ -106,7 +106,16 @@ def execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int = 0) -> str:
     meanwhile carry the run and chunk (and the shard, for a chunk of one shard).
     """
     with farm_log.context(run=run_id, chunk=chunk_id):
-        return _execute(rt, run_id, chunk_id, timeouts)
+        outcome = _execute(rt, run_id, chunk_id, timeouts)
+    if (ended := _TALLIED.get(outcome)) is not None:
+        tally.note(chunk_item(run_id, chunk_id), "chunk", ended)
+    return outcome
+
+
+# what an attempt's outcome says of the chunk (``jobs.tally``); the others (paused, leased,
+# backing off, throttled, taken over) leave what was noted of it before
+_TALLIED = {"done": tally.DONE, "skipped:done": tally.DONE, "failed": tally.FAILED,
+            "retrying": tally.RETRYING}
 
 
 def _execute(rt: Runtime, run_id: str, chunk_id: int, timeouts: int) -> str:

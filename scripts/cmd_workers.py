@@ -46,11 +46,21 @@ def workers(app: App, count: int, burst: bool, queues: list[str], metrics_port: 
     policy = JobPolicy.from_env(flags=allow_modules)
     sup = Supervisor(app.settings, count, queues, burst=burst,
                      policy=policy, metrics_port=metrics_port, metrics_addr=metrics_addr)
-    code = sup.run()
-    if code:
-        raise FarmError(f"{len(sup.ended_badly)} worker(s) ended badly ("
-                        f"{', '.join(sup.ended_badly[:5])}); a chunk one held is taken over "
-                        "when its lease expires ('farm status', 'farm failed')")
+    if sup.run():
+        raise FarmError("; ".join(_burst_problems(sup)))
+
+
+def _burst_problems(sup: Supervisor) -> list[str]:
+    """What went wrong in a burst that exits 1: workers that ended badly, then what the
+    workers ran that did not succeed."""
+    out = []
+    if sup.ended_badly:
+        out.append(f"{len(sup.ended_badly)} worker(s) ended badly ("
+                   f"{', '.join(sup.ended_badly[:5])}); a chunk one held is taken over when "
+                   "its lease expires ('farm status', 'farm failed')")
+    if sup.not_done:
+        out.append(sup.not_done)
+    return out
 
 
 @click.command("scale")

@@ -1,6 +1,8 @@
 """The supervisor's own promises (``workers/supervisor.py``): a burst whose worker ends badly
-exits 1 and names it; a worker that fails as it starts is restarted after a growing pause,
-not in a loop, while a killed one is replaced at once; ``--burst --count 0`` is refused."""
+exits 1 and names it; a burst that ran a chunk, item or job that failed (or left one to try
+again) exits 1 and says how many, counting only what it ran; a worker that fails as it starts
+is restarted after a growing pause, not in a loop, while a killed one is replaced at once;
+``--burst --count 0`` is refused."""
 
 from __future__ import annotations
 
@@ -14,9 +16,10 @@ import pytest
 import redis
 
 from farmcore.ledger import ChunkSpec
-from jobs import runs
+from jobs import enqueue_many, runs
 from tests.conftest import park_unfinished_runs, run_farm
-from tests.farmkit import children, output, start_workers, until
+from tests.farmkit import children, output, start_workers, stop, until
+from workers import burst
 from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
 
@@ -49,6 +52,73 @@ def test_a_burst_whose_worker_is_killed_mid_chunk_exits_1_naming_it(rt, env):
     assert lines == [f"farm: error: 1 worker(s) ended badly (pid {worker}: killed by SIGKILL); "
                      "a chunk one held is taken over when its lease expires ('farm status', "
                      "'farm failed')"], output(proc)
+
+
+def _burst(env: dict) -> tuple[int, list[str]]:
+    """A real ``farm workers --count 1 --burst``: its exit code and its error lines."""
+    proc = start_workers(env, 1, "--burst")
+    try:
+        code = proc.wait(timeout=120)
+    finally:
+        out = stop(proc)
+    return code, [x for x in out.splitlines() if x.startswith("farm: error:")]
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
+def test_a_burst_that_ran_failing_work_exits_1_counting_only_its_own(rt, env):
+    """Before, a burst exited 0 whatever the chunks and items it ran did: a script running
+    'farm workers --burst' took a burst that failed its work for one that did it."""
+    run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("bad", {"fatal": True})])
+    park_unfinished_runs(rt.ledger, keep={run_id})  # the burst runs this run's chunk only
+    enqueue_many("farm", "tests.kinds.record", [{"key": "good", "value": 1},
+                                                {"key": "bad", "value": -1}],
+                 connection=rt.redis, id_key="key")
+    code, errors = _burst(env)
+    assert code == 1 and errors == [
+        "farm: error: of what this burst ran, 1 chunk and 1 item failed ('farm failed' lists "
+        "them)"], errors
+    assert rt.ledger.chunk(run_id, 0)["state"] == "failed"
+    assert rt.redis.hgetall("test:record") == {b"good": b"1"}
+    # the next burst does only good work: what failed before it is not its own
+    enqueue_many("farm", "tests.kinds.record", [{"key": "fine", "value": 2}],
+                 connection=rt.redis, id_key="key")
+    assert _burst(env) == (0, [])
+    assert rt.redis.hget("test:record", "fine") == b"2"
+    assert rt.redis.hexists("farm:failed:farm", "bad")  # still listed by 'farm failed'
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
+def test_a_burst_that_leaves_a_chunk_to_try_again_exits_1_saying_so(rt, env):
+    """A chunk whose attempt failed (a transient error) is pending again, its next attempt
+    scheduled after a backoff: the burst ended with its work not done."""
+    run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("bad", {"fatal": False})])
+    park_unfinished_runs(rt.ledger, keep={run_id})
+    code, errors = _burst(env)
+    chunk = rt.ledger.chunk(run_id, 0)
+    assert (chunk["state"], chunk["attempts"]) == ("pending", 1)
+    assert code == 1 and errors == [
+        "farm: error: of what this burst ran, 1 chunk failed an attempt and waits to be tried "
+        "again after this burst ('farm status' shows what is pending)"], errors
+
+
+def test_a_burst_counts_what_did_not_succeed_last_time_it_ran(rt, monkeypatch):
+    """What a worker of the burst notes after each job: a thing that failed an attempt and
+    then succeeded within the burst is not counted; the line names each kind."""
+    key = burst.new_key("test:1")
+    monkeypatch.setenv(burst.ENV_KEY, key)
+    burst.record(rt.redis, {"r/0": ("chunk", "retrying"), "r/1": ("chunk", "failed"),
+                            "a": ("item", "failed"), "b": ("item", "failed"),
+                            "job:j": ("job", "failed"), "c": ("item", "retrying")})
+    burst.record(rt.redis, {"r/0": ("chunk", "done"), "job:k": ("job", "done")})
+    counts = burst.count(rt.redis, key)
+    assert burst.summary_line(counts, key) == (
+        "of what this burst ran, 1 chunk, 2 items and 1 job failed ('farm failed' lists "
+        "them); 1 item failed an attempt and waits to be tried again after this burst "
+        "('farm status' shows what is pending)")
+    burst.record(rt.redis, {k: ("item", "done") for k in ("r/1", "a", "b", "job:j", "c")})
+    assert burst.summary_line(burst.count(rt.redis, key), key) is None
+    rt.redis.set(key, "not a hash")
+    assert "is not a hash" in burst.summary_line(burst.count(rt.redis, key), key)
 
 
 def _ended(sup: Supervisor, *code: str) -> subprocess.Popen:

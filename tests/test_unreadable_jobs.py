@@ -59,7 +59,9 @@ def test_a_worker_refuses_a_job_whose_hash_rq_cannot_restore(env, conn, field, v
     proc = start_workers(env, 1, "--burst")
     proc.wait(timeout=60)
     out = stop(proc)
-    assert proc.returncode == 0 and conn.llen("rq:queue:farm") == 0, out
+    assert proc.returncode == 1 and conn.llen("rq:queue:farm") == 0, out  # it ran a failure
+    assert out.splitlines()[-1] == ("farm: error: of what this burst ran, 1 job failed "
+                                    "('farm failed' lists them)"), out
     assert conn.hgetall("test:record") == {b"good": b"2"}  # the next job still ran
     assert not conn.exists(f"rq:job:{bad}")
     listed = run_farm(env, "failed", "--json")

@@ -29,7 +29,7 @@ from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
 from shardfarm.mysql.infile import sweep_temp
 from shardfarm.settings import Settings
-from workers import maintenance
+from workers import burst, maintenance
 from workers.metrics import ENV_KEY, SupervisorMetrics
 
 log = logging.getLogger(__name__)
@@ -124,11 +124,16 @@ class Supervisor:
     _failing: int = 0  # workers in a row that exited on their own soon after starting
     _spawn_after: float = 0.0
     _farm_id: str | None = None  # of the control database its workers serve (identity)
+    # a burst's: where its workers note what did not succeed, and the line that says it
+    burst_key: str | None = None
+    not_done: str | None = None
 
     def __post_init__(self) -> None:
         self.rt = Runtime(self.settings)
         self.conn = self.rt.redis
         self.me = f"{self.host}:{os.getpid()}"
+        if self.burst:
+            self.burst_key = burst.new_key(self.me)
         if self.metrics_port is not None:
             self.metrics = SupervisorMetrics(self.host, keys.job_timings(self.me))
         self._seen_remote = read_desired(self.conn, self.host)
@@ -234,6 +239,9 @@ class Supervisor:
                     "FARM_SHARDMAP": s.shardmap_spec})
         if self.metrics:
             env[ENV_KEY] = self.metrics.key
+        env.pop(burst.ENV_KEY, None)  # never another supervisor's burst
+        if self.burst_key:
+            env[burst.ENV_KEY] = self.burst_key
         return env
 
     def converge(self) -> None:
@@ -273,9 +281,18 @@ class Supervisor:
                                              self.desired)
                 self._observed = time.monotonic()
 
+    def _burst_ended(self) -> int:
+        """A burst's exit status once its workers are gone: 1 when one ended badly
+        (``ended_badly``: killed, or an error) or something they ran did not succeed
+        (``not_done`` says what), else 0."""
+        assert self.burst_key is not None
+        self.not_done = burst.summary_line(burst.count(self.conn, self.burst_key),
+                                           self.burst_key)
+        return 1 if self.ended_badly or self.not_done else 0
+
     def run(self) -> int:
         """Supervise until stopped (or, in burst mode, until every worker is done). Exit
-        status 1 when a burst's worker ended badly (``ended_badly``: killed, or an error)."""
+        status 1 when a burst did not do all its work (``_burst_ended``)."""
         self.install_signals()
         if self.metrics:
             self.metrics.serve(self.metrics_port, self.metrics_addr)
@@ -294,7 +311,7 @@ class Supervisor:
                 if self.stopping or self.burst:
                     self._enforce_cold_stop()
                     if not self.alive():
-                        return 1 if self.burst and self.ended_badly else 0
+                        return self._burst_ended() if self.burst else 0
                 else:
                     self.poll_remote()
                     self.converge()
@@ -312,6 +329,8 @@ class Supervisor:
             raise
         finally:
             self.conn.hdel(keys.supervisors(), self.me)
+            if self.burst_key:
+                self.conn.delete(self.burst_key)
             if self.metrics:
                 self.conn.delete(self.metrics.key)
             self.rt.close()

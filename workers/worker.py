@@ -20,7 +20,7 @@ from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
-from jobs import runtime, settle
+from jobs import runtime, settle, tally
 from jobs.dequeue import FarmQueue
 from jobs.farmjob import FarmJob, job_refusal
 from jobs.policy import FARM_HANDLERS, ForbiddenJobError, add_operator_path
@@ -31,6 +31,7 @@ from shardfarm.errors import FarmError
 from shardfarm.lists import queues
 from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
+from workers import burst
 from workers.metrics import report_job
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,10 @@ HEARTBEAT_SECONDS = 5
 HEARTBEAT_GRACE = 10
 WORKER_TTL = 30
 IDLE_BOOKKEEPING_SECONDS = 2.0
+# a job's status after it ran, as ``jobs.tally`` notes it (scheduled or queued: rq tries it
+# again; any other, stopped or cancelled, did not do its work)
+JOB_ENDS = {JobStatus.FINISHED: tally.DONE, JobStatus.FAILED: tally.FAILED,
+            JobStatus.SCHEDULED: tally.RETRYING, JobStatus.QUEUED: tally.RETRYING}
 
 
 class FarmWorker(SimpleWorker):
@@ -76,9 +81,11 @@ class FarmWorker(SimpleWorker):
         """Run the job in this process with a heartbeat thread beside it.
 
         A job the policy refuses is failed without a retry (``FarmJob.func`` raises before
-        anything is imported); a job that failed for good is settled into ``farm failed``.
+        anything is imported); a job that failed for good is settled into ``farm failed``. How
+        it ended, with its chunks and items, goes to a burst's supervisor (``workers.burst``).
         """
         taken(job)
+        tally.start()
         refusal = job_refusal(job, runtime.get().policy)
         if refusal:
             log.error("refusing job %s of queue %s: %s", job.id, queue.name, refusal)
@@ -96,6 +103,8 @@ class FarmWorker(SimpleWorker):
         outcome = job.get_status(refresh=False)
         if outcome == JobStatus.FAILED:
             settle.settle_job(self.connection, queue.name, job.id)
+        tally.note(f"job:{job.id}", "job", JOB_ENDS.get(outcome, tally.FAILED))
+        burst.record(self.connection, tally.take())
         report_job(self.connection, queue.name, str(getattr(outcome, "value", outcome)),
                    time.monotonic() - started)
         self.set_state("idle")
