@@ -13,7 +13,7 @@ from scripts.follow import wait_with_progress
 from scripts.options import MAX_LAG, Seconds, emit, farm_options
 from scripts.render import note
 from shardfarm.errors import FarmError, FatalError, UsageError, first_line
-from sharding.fleet import fleet_status
+from sharding.fleet import fleet_status, unanswered
 from sharding.growth import open_range, parse_range
 from sharding.promote import promote
 from workers import capacity
@@ -125,7 +125,8 @@ def promote_cmd(app: App, host: str, accept_loss: bool, wait_seconds: float) -> 
 def status_cmd(app: App, as_json: bool) -> None:
     """Per host of the map: role, shards, replication lag, read-only, map version told; then
     every master an unfinished promote may have left read-only, with the command that
-    finishes it (exit 1 after the hosts if the control database cannot be read)."""
+    finishes it. Exit 1 after all that, in one line, when a host of the map does not answer
+    (but one it marks gone) or the control database cannot be read."""
     doc = fleet_status(app.router)
     left, failed = _left_read_only(app, doc)
     doc["unfinished_promotes"] = [r.as_dict() for r in left]
@@ -137,9 +138,16 @@ def status_cmd(app: App, as_json: bool) -> None:
             click.echo(status_line(h))
         for r in left:
             click.echo(f"UNFINISHED PROMOTE: {r.line()}")
+    problems = []
+    if down := unanswered(doc):
+        problems.append(f"{len(down)} host(s) of the map do not answer: "
+                        f"{', '.join(down[:10])}{' …' * (len(down) > 10)} (their entries "
+                        "above say why; a host the map marks gone is not counted)")
     if failed is not None:
-        raise FatalError("cannot list the masters an unfinished promote left read-only "
-                         f"(control database: {first_line(failed)})")
+        problems.append("cannot list the masters an unfinished promote left read-only "
+                        f"(control database: {first_line(failed)})")
+    if problems:
+        raise FatalError("; ".join(problems))
 
 
 def _left_read_only(app: App, doc: dict) -> tuple[list[LeftReadOnly], FarmError | None]:

@@ -87,6 +87,12 @@ def host_status(router: Router, m: ShardMap, name: str, down: dict | None = None
     return out | {"reachable": False, "error": str(failed).splitlines()[0][:300]}
 
 
+def unanswered(doc: dict) -> list[str]:
+    """The hosts of a ``fleet_status`` document that did not answer, but those the map marks
+    gone (a promote replaced them: they are not expected to)."""
+    return [h["host"] for h in doc["hosts"] if not h["reachable"] and h["role"] != "gone"]
+
+
 def fleet_status(router: Router) -> dict:
     """Every host of the map in force, with the map's version. Each physical server is asked
     once first, all at once: one that does not answer costs one FARM_CONNECT_TIMEOUT in
