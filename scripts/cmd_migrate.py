@@ -47,11 +47,15 @@ def verify(app: App, run_id: str | None, show: int, as_json: bool) -> None:
     """Compare the target with the legacy source, chunk by chunk; exit 0 only on a full match.
 
     Runs as a resumable run on the workers, prints each mismatch with its legacy
-    key, then the JSON summary as the last line.
+    key, then the JSON summary as the last line. A note first when the migrate run had
+    chunks not done (pending, running or failed): mismatches may be rows not loaded yet.
     """
     rt = app.runtime
     vid, of_run = launch.verify(rt, run_id, notice=note)
+    unloaded = launch.unloaded_note(rt, of_run)  # as the verify starts
     outcome = launch.verify_outcome(rt, vid, of_run, wait_with_progress(rt, vid), show)
+    if unloaded:
+        note(unloaded)
     echo_lines(mismatch_lines(outcome.examples))
     more = outcome.summary["mismatches"] - len(outcome.examples)
     if more > 0:

@@ -108,6 +108,25 @@ def migrate_run(rt: Runtime, run_id: str | None) -> dict:
     return rt.ledger.run(run_id)
 
 
+def unloaded_note(rt: Runtime, run_id: str) -> str | None:
+    """What to tell whoever verifies migrate run ``run_id`` while it has chunks pending or
+    running, or failed ones: the target may lack rows it has not loaded, and each counts as
+    a mismatch. ``None`` when every chunk is done."""
+    chunks = rt.ledger.progress(run_id)
+    busy = sum(k["pending"] + k["running"] for k in chunks)
+    failed = sum(k["failed"] for k in chunks)
+    if busy:
+        also = f" ({failed:,} failed)" if failed else ""
+        return (f"migrate run {run_id} had {busy:,} chunk(s) pending or running{also} when "
+                "this verify started: mismatches may be rows it had not loaded yet ('farm "
+                f"status --run {run_id}'; verify again once it is done)")
+    if failed:
+        return (f"migrate run {run_id} ended with {failed:,} failed chunk(s): mismatches may "
+                f"be rows those chunks did not load ('farm failed --run {run_id}', then 'farm "
+                f"retry-failed --run {run_id}')")
+    return None
+
+
 def start_verify(rt: Runtime, of: dict, extra: dict | None = None) -> str:
     """Start the verify of migrate run ``of`` (its ledger row) over the same chunks.
 
