@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from farmcore.ledger import Ledger
+from farmcore.runstate import has_ended
 
 WINDOW_SECONDS = 60.0
 
@@ -208,7 +209,7 @@ def read_progress(ledger: Ledger, run_id: str) -> RunProgress:
     run = ledger.run(run_id)
     kinds, now = read_kinds(ledger, run_id)
     pauses = read_pauses(ledger, run_id)
-    finished = run["status"] in ("done", "failed")
+    finished = has_ended(run["status"])
     finishes = [k.last_finish for k in kinds if k.last_finish]
     end = max(finishes) if finished and finishes else now
     since = window_start(end, pauses)
