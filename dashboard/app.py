@@ -52,7 +52,9 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False,
     registry = metrics.registry(reader, calendar)
     app.jinja_env.filters.update(num=_num, dur=chart.duration, pct=_pct)
     app.jinja_env.globals.update(svg=chart.svg, actions_on=guard.allow, refresh_ms=REFRESH_MS,
-                                 max_workers=actions.MAX_WORKERS, ended=runstate.has_ended)
+                                 max_workers=actions.MAX_WORKERS, ended=runstate.has_ended,
+                                 short_ending=runstate.short_ending,
+                                 cancelled_line=runstate.cancelled_line)
 
     def board_context() -> dict:
         limit = min(max(request.args.get("limit", 50, type=int) or 50, 1), MAX_LIMIT)

@@ -143,7 +143,10 @@ def test_cancel_is_confirmed_then_ends_the_run_and_its_line_says_how(rt, client_
     assert resp.status_code == 303
     assert [rt.ledger.chunk(run_id, i)["state"] for i in range(3)] == ["done", "failed", "failed"]
     after = client.get(resp.headers["Location"]).get_data(as_text=True)
-    assert f"cancelled {run_id} (2 chunk(s))" in after and "ended, 2 failed" in after
+    assert f"cancelled {run_id} (2 chunk(s))" in after and "cancelled, 2 not done" in after
+    assert "ended, 2 failed" not in after  # before: a cancelled run read as a failed one
+    assert "cancelled by the operator at " in after
+    assert f"2 chunk(s) not done; &#39;farm retry-failed --run {run_id}&#39; takes it up" in after
 
 
 def test_a_cancelled_run_and_its_export_date_show_as_cancelled(rt, client_for, tmp_path):

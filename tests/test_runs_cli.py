@@ -243,7 +243,9 @@ def test_cancel_ends_a_run_and_only_a_retry_of_that_run_takes_it_up(rt, env):
     assert _statuses(env, run_id) == ["cancelled"] * 3
     summary = json.loads(run_farm(env, "summary", run_id, "--json").stdout)
     assert (summary["status"], summary["failed_chunks"]) == ("cancelled", 3)
-    assert "ended with 3 failed chunk(s)" in run_farm(env, "status", "--run", run_id).stdout
+    said = run_farm(env, "status", "--run", run_id).stdout
+    assert "cancelled by the operator at " in said and "farm failed" not in said, said
+    assert f"UTC; 3 chunk(s) not done; 'farm retry-failed --run {run_id}' takes it up" in said
     park_unfinished_runs(rt.ledger)  # the session's other runs: a retry of all would revive them
     run_farm(env, "retry-failed")  # every run's failures: not a cancelled run's
     assert rt.ledger.chunk(run_id, 0)["state"] == "failed"
