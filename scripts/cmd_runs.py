@@ -164,8 +164,9 @@ def unpause(app: App, run_id: str) -> None:
 @farm_options
 def cancel(app: App, run_id: str) -> None:
     """End RUN_ID: its chunks not done fail as cancelled, and a worker holding one stops at
-    its next lease renewal; what chunks wrote stays. 'farm retry-failed --run RUN_ID' takes
-    the run up again (a 'farm retry-failed' of every run leaves it alone)."""
+    its next lease renewal; what chunks wrote stays, and the run's status is 'cancelled'.
+    'farm retry-failed --run RUN_ID' takes the run up again (a 'farm retry-failed' of every
+    run leaves it alone)."""
     n = app.runtime.ledger.cancel(run_id)
     if not n:
         note(f"{run_id} had no chunk left to cancel")
