@@ -19,6 +19,7 @@ from dashboard import actions, chart, metrics
 from dashboard.actions import ActionRefused, Guard
 from dashboard.exports import Calendar
 from dashboard.model import Reader
+from farmcore import runstate
 from jobs.runtime import Runtime
 from shardfarm.bounds import redis_error_line
 from shardfarm.errors import FarmError, RetryableError
@@ -51,7 +52,9 @@ def create_app(rt: Runtime, guard: Guard, warm: bool = False,
     registry = metrics.registry(reader, calendar)
     app.jinja_env.filters.update(num=_num, dur=chart.duration, pct=_pct)
     app.jinja_env.globals.update(svg=chart.svg, actions_on=guard.allow, refresh_ms=REFRESH_MS,
-                                 max_workers=actions.MAX_WORKERS)
+                                 max_workers=actions.MAX_WORKERS, ended=runstate.has_ended,
+                                 short_ending=runstate.short_ending,
+                                 cancelled_line=runstate.cancelled_line)
 
     def board_context() -> dict:
         limit = min(max(request.args.get("limit", 50, type=int) or 50, 1), MAX_LIMIT)

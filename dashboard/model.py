@@ -16,11 +16,12 @@ from datetime import datetime
 from dashboard import chart
 from farmcore import keys
 from farmcore.progress import RunProgress, read_progress
+from farmcore.runstate import ENDED
 from jobs import status
 from jobs.runtime import Runtime
 from loaders.migration import follower
 
-FINISHED = ("done", "failed")
+FINISHED = ENDED  # done, failed, cancelled
 FRESH_SECONDS = 1.5  # an active run is read again after this, or 3x its last read's time
 RUN_COLUMNS = ("run_id", "kind", "status", "paused", "total_chunks", "created_at",
                "finished_at")
@@ -43,7 +44,7 @@ class RunCard:
 
     @property
     def active(self) -> bool:
-        """Still running or paused (not done, not failed)."""
+        """Still running or paused (not ended: done, failed or cancelled)."""
         return self.row["status"] not in FINISHED
 
     @property

@@ -145,6 +145,8 @@ STATEMENTS: list[str] = [
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4""",
     # when 'farm cancel' ended the run (a global 'farm retry-failed' leaves it alone)
     "ALTER TABLE runs ADD COLUMN IF NOT EXISTS cancelled_at DATETIME(3) NULL",
+    # a run cancelled before 'cancelled' was a status ended as 'failed' (farmcore.runstate)
+    "UPDATE runs SET status = 'cancelled' WHERE status = 'failed' AND cancelled_at IS NOT NULL",
     # chunks claimed since a time ('farm sync': did a migration write during an apply?)
     "ALTER TABLE chunks ADD INDEX IF NOT EXISTS by_started (started_at)",
     # a chunk's quarantine rows, replaced by each attempt (farmcore.quarantine.record): without

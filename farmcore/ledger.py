@@ -21,6 +21,7 @@ from farmcore.cronstate import CronState
 from farmcore.ledger_reports import LedgerReports
 from farmcore.mismatches import Mismatches
 from farmcore.quarantine import Quarantine
+from farmcore.runstate import RUNNING, ended_status
 from farmcore.syncstate import SyncState
 from shardfarm.bounds import BULK, Bound
 from shardfarm.errors import FatalError, FencedError
@@ -34,7 +35,7 @@ from sharding.fencing import FenceToken
 PRUNING = "pruning"
 CANCELLED = "cancelled by the operator (farm cancel)"  # the last_error of its chunks
 RUN_COLUMNS = ("run_id", "kind", "status", "queue", "params", "paused", "total_chunks",
-               "created_at", "finished_at")
+               "created_at", "finished_at", "cancelled_at")
 
 
 @dataclass(frozen=True)
@@ -202,11 +203,13 @@ class Ledger(LedgerReports):
         self.pool.run(write, transaction=True)
 
     def refresh_status(self, run_id: str) -> str:
-        """Recompute a run's status from its chunks (``running``, ``done`` or ``failed``).
+        """Recompute a run's status from its chunks and ``cancelled_at``: ``running``, else
+        as ``farmcore.runstate.ended_status`` names it (``done``, ``failed``, ``cancelled``).
 
         Called after every chunk, so its cost must not grow with the run: while a chunk is
         pending or running it is two index look-ups (and no write unless the run had ended);
-        the chunks are summed once, when none is left, into the run's summary columns.
+        the chunks are summed once, when none is left, into the run's summary columns (not
+        when ``cancelled_at`` changed meanwhile: ``cancel`` and a retry refresh it again).
         """
         (busy,), = self.pool.query(
             "SELECT EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'pending') OR "
@@ -216,15 +219,17 @@ class Ledger(LedgerReports):
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
                               "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "
                               "WHERE run_id = %s AND status <> 'running'", (run_id,))
-            return "running"
-        (failed, done, written), = self.pool.query(
+            return RUNNING
+        (failed, done, written, cancelled), = self.pool.query(
             "SELECT COALESCE(SUM(state = 'failed'), 0), COALESCE(SUM(state = 'done'), 0), "
-            "COALESCE(SUM(rows_written), 0) FROM chunks WHERE run_id = %s", (run_id,))
-        status = "failed" if failed else "done"
+            "COALESCE(SUM(rows_written), 0), (SELECT cancelled_at IS NOT NULL FROM runs WHERE "
+            "run_id = %s) FROM chunks WHERE run_id = %s", (run_id, run_id))
+        status = ended_status(int(failed), bool(cancelled))
         self.pool.execute("UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, "
                           "NOW(3)), chunks_done = %s, chunks_failed = %s, rows_written = %s "
-                          f"WHERE run_id = %s AND status <> '{PRUNING}'",  # rows going
-                          (status, done, failed, written, run_id))
+                          f"WHERE run_id = %s AND status <> '{PRUNING}' "  # rows going
+                          "AND (cancelled_at IS NOT NULL) = %s",
+                          (status, done, failed, written, run_id, bool(cancelled)))
         return status
 
     # -- chunks -------------------------------------------------------------------------

@@ -14,10 +14,11 @@ of its kind finished; until then the run's row total is unknown (``rows_expected
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from farmcore.ledger import Ledger
+from farmcore.runstate import CANCELLED, RUNNING, has_ended
 
 WINDOW_SECONDS = 60.0
 
@@ -69,7 +70,8 @@ class KindProgress:
 
 @dataclass(frozen=True)
 class RunProgress:
-    """A whole run: totals over its kinds, rates (rows/s) and ETA (seconds, None: unknown)."""
+    """A whole run: totals over its kinds, rates (rows/s) and ETA (seconds, None: unknown);
+    its status (``farmcore.runstate``) and, if ``farm cancel`` ended it, when (UTC)."""
 
     rows_done: int
     rows_expected: int | None
@@ -84,6 +86,8 @@ class RunProgress:
     paused: bool
     finished: bool
     kinds: list[KindProgress] = field(default_factory=list)
+    status: str = RUNNING
+    cancelled_at: str | None = None  # ``2026-11-24 17:05:00``
 
     def as_dict(self) -> dict:
         """JSON-safe form (for ``--json`` output and the dashboard)."""
@@ -208,11 +212,13 @@ def read_progress(ledger: Ledger, run_id: str) -> RunProgress:
     run = ledger.run(run_id)
     kinds, now = read_kinds(ledger, run_id)
     pauses = read_pauses(ledger, run_id)
-    finished = run["status"] in ("done", "failed")
+    finished = has_ended(run["status"])
     finishes = [k.last_finish for k in kinds if k.last_finish]
     end = max(finishes) if finished and finishes else now
     since = window_start(end, pauses)
     (recent,), = ledger.pool.query(
         "SELECT COALESCE(SUM(rows_read), 0) FROM chunks WHERE run_id = %s AND state = 'done' "
         "AND finished_at > %s AND finished_at <= %s", (run_id, since, end))
-    return run_progress(kinds, pauses, int(recent), now, run["paused"], finished)
+    cancelled = run["status"] == CANCELLED and run["cancelled_at"]
+    return replace(run_progress(kinds, pauses, int(recent), now, run["paused"], finished),
+                   status=run["status"], cancelled_at=str(cancelled)[:19] if cancelled else None)

@@ -6,11 +6,11 @@ status, times, chunks done and failed, rows written); its chunks, quarantined ro
 verify findings go. Every DELETE removes at most ``batch`` rows and commits on its own,
 so pruning never holds a long transaction or a big lock over the ledger workers write to;
 the run's own row goes last, so a prune that dies half way is finished by the next one.
-Only runs whose status is ``done`` (and ``failed`` when asked) and that ended before
-the cut-off are touched, and only if none of their chunks is pending or running: each is
-archived and marked ``pruning`` under that condition, in one statement each, before its
-rows go; ``farm retry-failed`` gives back no run so marked, and one given back in the
-instant before the mark is left as it was.
+Only runs whose status is ``done`` or ``cancelled`` (ended on purpose; ``failed`` too when
+asked) and that ended before the cut-off are touched, and only if none of their chunks is
+pending or running: each is archived and marked ``pruning`` under that condition, in one
+statement each, before its rows go; ``farm retry-failed`` gives back no run so marked,
+and one given back in the instant before the mark is left as it was.
 
 Their fence rows on the shards and mod buckets (``fences``, given by the caller:
 ``sharding.fencing.forget``) are what refuse a stalled worker of the run that wakes up and
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from farmcore.ledger import PRUNING
+from farmcore.runstate import CANCELLED, DONE, FAILED
 from shardfarm.errors import FarmError, UsageError
 from shardfarm.mysql.pool import Pool
 
@@ -69,9 +70,10 @@ _NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id A
 
 
 def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:
-    """The condition on run ``r`` that lets it be pruned, and its parameters: ended (``done``,
-    or ``failed`` too) more than ``older_than_s`` seconds ago, nothing pending or running."""
-    states = ("done", "failed") if include_failed else ("done",)
+    """The condition on run ``r`` that lets it be pruned, and its parameters: ended (``done``
+    or ``cancelled``, or ``failed`` too) more than ``older_than_s`` seconds ago, nothing
+    pending or running."""
+    states = (DONE, CANCELLED, FAILED) if include_failed else (DONE, CANCELLED)
     return (f"r.status IN ({','.join(['%s'] * len(states))}) AND r.finished_at IS NOT NULL "
             f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT}",
             (*states, older_than_s))
@@ -80,8 +82,8 @@ def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:
 def prunable(pool: Pool, older_than_s: int, include_failed: bool = False, *,
              pruning_s: int = 0) -> list[str]:
     """Runs that ended more than ``older_than_s`` seconds ago, oldest first, with no chunk
-    pending or running (``done`` runs; ``failed`` ones too when asked), and runs a prune
-    left half pruned (those that ended ``pruning_s`` seconds ago or more)."""
+    pending or running (``done`` and ``cancelled`` runs; ``failed`` ones too when asked),
+    and runs a prune left half pruned (those that ended ``pruning_s`` seconds ago or more)."""
     cond, args = _ended(include_failed, older_than_s)
     return [r[0] for r in pool.query(
         f"SELECT r.run_id FROM runs r WHERE (r.status = '{PRUNING}' AND (%s = 0 OR "

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 
 from farmcore.ledger import ChunkSpec
 from farmcore.progress import RunProgress, read_progress
+from farmcore.runstate import DONE, has_ended
 from jobs.dispatch import dispatch, dispatch_lost
 from jobs.policy import ForbiddenJobError
 from jobs.runtime import Runtime
@@ -88,7 +89,7 @@ def _verify_summary(rt: Runtime, run: dict, kinds: dict[str, dict], names: list[
 def ended_well(doc: dict) -> bool:
     """Whether a run's summary says it ended well: every chunk done and, for a verify run,
     no mismatch (what a command that waited for it exits 0 on)."""
-    return doc["status"] == "done" and not doc.get("mismatches")
+    return doc["status"] == DONE and not doc.get("mismatches")
 
 
 def _unchanged_parts(rt: Runtime, run_id: str, tables: list[str]) -> dict[str, int]:
@@ -109,16 +110,17 @@ def _boards_moved(rt: Runtime, run_id: str) -> list[dict]:
 
 def wait(rt: Runtime, run_id: str, on_tick: Callable[[RunProgress], None] | None = None,
          interval: float = 0.2, timeout: float | None = None) -> str:
-    """Poll until the run is done or failed (or ``timeout``), passing ``on_tick`` the run's
-    progress each time; returns the final status. Polls every ``interval`` seconds, or
-    three times as long as the last poll took (a run of a million chunks)."""
+    """Poll until the run has ended (done, failed or cancelled) or ``timeout``, passing
+    ``on_tick`` the run's progress each time; returns the final status. Polls every
+    ``interval`` seconds, or three times as long as the last poll took (a run of a million
+    chunks)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         began = time.monotonic()
         status = rt.ledger.refresh_status(run_id)
         if on_tick:
             on_tick(read_progress(rt.ledger, run_id))
-        if status in ("done", "failed"):
+        if has_ended(status):
             return status
         if deadline is not None and time.monotonic() > deadline:
             return status

@@ -11,6 +11,7 @@ import sys
 from typing import TextIO
 
 from farmcore.progress import KindProgress, RunProgress
+from farmcore.runstate import short_ending
 from scripts.render import duration
 
 BAR = 20
@@ -48,8 +49,8 @@ def run_line(p: RunProgress, width: int) -> str:
     rows, _ = _rows(p.rows_done, p.rows_expected)
     rate = p.rate_last_minute or p.rate_since_start
     state = " · PAUSED" if p.paused else ""
-    eta = f"ETA {duration(p.eta_s)}" if not p.finished else (
-        f"ended, {p.chunks_failed:,} failed" if p.chunks_failed else "done")
+    eta = f"ETA {duration(p.eta_s)}" if not p.finished else short_ending(
+        p.status, p.chunks_failed, p.chunks_total - p.chunks_done)
     return (f"  {'run':<{width}} {rows} · {_chunks(p.chunks_done, p.chunks_total, p.chunks_failed)}"
             f" · {rate:,.0f} rows/s ({p.rate_since_start:,.0f} since start) · {eta}{state}")
 

@@ -84,7 +84,8 @@ def _list_runs(app: App, kind: str | None, limit: int, as_json: bool) -> None:
               help="Prune runs that ended more than AGE ago: 30d, 12h, 90m, 2w.")
 @click.option("--dry-run", is_flag=True, help="Only count what would go.")
 @click.option("--include-failed", is_flag=True,
-              help="Failed runs too (default: only runs whose every chunk is done).")
+              help="Failed runs too (default: only runs whose every chunk is done, and "
+                   "cancelled runs).")
 @click.option("--batch", default=5000, show_default=True, type=click.IntRange(1, 100_000),
               help="Rows per DELETE (each commits on its own).")
 @farm_options
@@ -93,8 +94,9 @@ def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
     """Delete the chunks, quarantined rows and verify findings of runs that ended more than
     AGE ago, in bounded batches, keeping a one-row summary of each in runs_archive; then the
     fence rows of pruned runs on every shard and mod bucket, a day after each run ended at
-    the earliest (until then they refuse a stalled worker's late writes). A run with a
-    chunk pending or running is never touched. Prints what went as JSON."""
+    the earliest (until then they refuse a stalled worker's late writes). Runs done or
+    cancelled go; failed runs only with --include-failed; a run with a chunk pending or
+    running is never touched. Prints what went as JSON."""
     age = prune.parse_age(older_than)
     report = prune.PruneReport(dry_run=dry_run)
     try:
@@ -162,8 +164,9 @@ def unpause(app: App, run_id: str) -> None:
 @farm_options
 def cancel(app: App, run_id: str) -> None:
     """End RUN_ID: its chunks not done fail as cancelled, and a worker holding one stops at
-    its next lease renewal; what chunks wrote stays. 'farm retry-failed --run RUN_ID' takes
-    the run up again (a 'farm retry-failed' of every run leaves it alone)."""
+    its next lease renewal; what chunks wrote stays, and the run's status is 'cancelled'.
+    'farm retry-failed --run RUN_ID' takes the run up again (a 'farm retry-failed' of every
+    run leaves it alone)."""
     n = app.runtime.ledger.cancel(run_id)
     if not n:
         note(f"{run_id} had no chunk left to cancel")

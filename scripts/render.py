@@ -11,6 +11,7 @@ import click
 from tqdm import tqdm
 
 from farmcore.ledger_size import size_line
+from farmcore.runstate import ending
 
 
 def duration(seconds: float | None) -> str:
@@ -72,14 +73,12 @@ def _rows(done: int, expected: int | None) -> str:
 
 
 def _ending(p: dict, run_id: str) -> str:
-    """How a run's line ends: its ETA, ``done``, or (a run that ended with failed chunks)
-    how many failed and what to run next."""
+    """How a run's line ends: its ETA, else how it ended (``farmcore.runstate.ending``:
+    done, cancelled and when, or how many chunks failed, each with what to run next)."""
     if not p["finished"]:
         return f"ETA {duration(p['eta_s'])}"
-    if not p["chunks_failed"]:
-        return "done"
-    return (f"ended with {p['chunks_failed']:,} failed chunk(s): 'farm failed --run {run_id}' "
-            f"says why, 'farm retry-failed --run {run_id}' tries them again")
+    return ending(run_id, p["status"], p["chunks_failed"], p["chunks_total"] - p["chunks_done"],
+                  p["cancelled_at"])
 
 
 def _kind_lines(p: dict, run_id: str) -> list[str]:
@@ -105,13 +104,13 @@ def runs_lines(runs: list[dict]) -> list[str]:
     """The lines of ``farm runs``: one per run, newest first."""
     if not runs:
         return ["no runs"]
-    lines = [f"{'run':<34} {'kind':<10} {'status':<8} {'chunks done':>16} "
+    lines = [f"{'run':<34} {'kind':<10} {'status':<10} {'chunks done':>16} "
              f"{'rows written':>13}  {'started (UTC)':<19}  finished"]
     for r in runs:
         state = r["status"] + ("*" if r["paused"] else "")
         chunks = f"{r['chunks_done']:,}/{r['total_chunks']:,}" + (
             f" ({r['chunks_failed']:,} failed)" if r["chunks_failed"] else "")
-        lines.append(f"{r['run_id']:<34} {r['kind']:<10} {state:<8} {chunks:>16} "
+        lines.append(f"{r['run_id']:<34} {r['kind']:<10} {state:<10} {chunks:>16} "
                      f"{r['rows_written']:>13,}  {_when(r['created_at'])}  "
                      f"{_when(r['finished_at'])}")
     if any(r["paused"] for r in runs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from farmcore.progress import RunProgress
+from farmcore.runstate import CANCELLED, cancelled_line
 from scripts.render import duration
 
 BOARDS_SHOWN = 10
@@ -72,16 +73,21 @@ def summary_lines(doc: dict, kind: str, p: RunProgress) -> list[str]:
     quarantined = {t: n for t, n in doc.get("quarantined", {}).items() if n}
     if quarantined:
         lines.append(f"  quarantined  {_per_table(quarantined)} ('farm quarantine --run {rid}')")
-    if doc.get("failed_chunks"):
+    if doc["status"] == CANCELLED:
+        lines.append("  " + cancelled_line(rid, p.chunks_total - p.chunks_done, p.cancelled_at))
+    elif doc.get("failed_chunks"):
         lines.append(f"  failed       {doc['failed_chunks']:,} chunk(s): 'farm failed --run "
                      f"{rid}', then 'farm retry-failed --run {rid}'")
     return lines
 
 
 def verify_line(summary: dict) -> str:
-    """``verify run V of migrate run M done: 5,000 rows checked, 0 mismatches``."""
-    failed = summary["failed_chunks"]
-    return (f"verify run {summary['run_id']} of {summary['of_run']} {summary['status']}: "
+    """``verify run V of migrate run M done: 5,000 rows checked, 0 mismatches`` (and the
+    chunks that failed, or that a cancel left not done)."""
+    failed, vid = summary["failed_chunks"], summary["run_id"]
+    tail = (f", {failed:,} chunk(s) not done: 'farm retry-failed --run {vid}' takes it up "
+            "again" if summary["status"] == CANCELLED else
+            f", {failed:,} chunk(s) failed: 'farm failed --run {vid}'" if failed else "")
+    return (f"verify run {vid} of {summary['of_run']} {summary['status']}: "
             f"{sum(summary['checked'].values()):,} rows checked, {summary['mismatches']:,} "
-            f"mismatch(es)" + (f", {failed:,} chunk(s) failed: 'farm failed --run "
-                               f"{summary['run_id']}'" if failed else ""))
+            "mismatch(es)" + tail)

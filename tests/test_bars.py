@@ -41,6 +41,13 @@ def test_a_run_that_ended_with_failed_chunks_does_not_say_done():
     assert progress_lines("migrate-x", _progress(finished=True))[-1].endswith("· done")
 
 
+def test_a_cancelled_run_says_so_and_what_is_not_done():
+    """Before, a cancelled run's last drawing ended like a failed run's ('ended, 4 failed')."""
+    ended = progress_lines("migrate-x", _progress(finished=True, chunks_failed=4, eta_s=None,
+                                                  status="cancelled"))
+    assert ended[-1].endswith("(1,534 since start) · cancelled, 4 not done"), ended[-1]
+
+
 def test_bar_fraction_is_clamped():
     assert bar(0) == "[" + "." * 20 + "]" and bar(1.5) == "[" + "#" * 20 + "]"
 

@@ -11,6 +11,7 @@ import pytest
 from dashboard.actions import Guard
 from dashboard.app import create_app
 from farmcore import keys
+from farmcore.ledger import ChunkSpec
 from farmcore.syncstate import ROW
 from tests.conftest import run_farm
 from tests.dashkit import TOKEN, make_run
@@ -142,7 +143,27 @@ def test_cancel_is_confirmed_then_ends_the_run_and_its_line_says_how(rt, client_
     assert resp.status_code == 303
     assert [rt.ledger.chunk(run_id, i)["state"] for i in range(3)] == ["done", "failed", "failed"]
     after = client.get(resp.headers["Location"]).get_data(as_text=True)
-    assert f"cancelled {run_id} (2 chunk(s))" in after and "ended, 2 failed" in after
+    assert f"cancelled {run_id} (2 chunk(s))" in after and "cancelled, 2 not done" in after
+    assert "ended, 2 failed" not in after  # before: a cancelled run read as a failed one
+    assert "cancelled by the operator at " in after
+    assert f"2 chunk(s) not done; &#39;farm retry-failed --run {run_id}&#39; takes it up" in after
+
+
+def test_a_cancelled_run_and_its_export_date_show_as_cancelled(rt, client_for, tmp_path):
+    """Before, a cancelled run showed as ``failed``; a cancelled export's date is an export
+    that ended without its ``_SUCCESS`` (a ✗), not one still at work."""
+    run_id = make_run(rt.ledger, done=1, failed=0, pending=1)
+    export = rt.ledger.create_run("export", "farm", {"kinds": ["pins"], "date": "2031-01-02",
+                                                     "dest": f"file://{tmp_path}"},
+                                  [ChunkSpec("pins", {"shard": 1})])
+    assert rt.ledger.cancel(run_id) == 1 and rt.ledger.cancel(export) == 1
+    page = client_for(True, TOKEN).get("/").get_data(as_text=True)
+    row = page[page.index(f'data-run="{run_id}"'):]
+    row = row[:row.index("</tr>")]
+    assert 'data-state="cancelled"' in row and "state-cancelled" in row
+    assert "act-cancel" not in row and "act-pause" not in row  # it ended
+    assert "act-retry-failed" in row  # 'farm retry-failed --run' takes it up again
+    assert f'title="{export} cancelled">✗' in page
 
 
 @pytest.mark.parametrize(("form", "status", "says"), [

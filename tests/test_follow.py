@@ -55,3 +55,20 @@ def test_json_on_a_terminal_and_off_one(rt, env):
     assert out.returncode == 0 and json.loads(out.stdout.strip().splitlines()[-1])["status"] == \
         "done"
     assert "\x1b[" not in out.stderr  # no bars drawn off a terminal
+
+
+def test_a_run_cancelled_while_followed_on_a_terminal_says_so_and_exits_1(rt, env):
+    """Before, the bars ended 'ended, 2 failed' and the summary named 'farm failed'."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy",
+                        [ChunkSpec("nap", {"seconds": 0}) for _ in range(2)],
+                        queue="cancel-tests-nobody-listens")
+    tty = Tty(env, "resume", run_id, "--wait")
+    tty.expect("0/2 chunks")
+    assert json.loads(run_farm(env, "cancel", run_id).stdout)["cancelled_chunks"] == 2
+    assert tty.wait() == 1
+    out = tty.plain
+    assert "· cancelled, 2 not done" in out and "ended, 2 failed" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("  cancelled by the operator at ") and last.endswith(
+        f"UTC; 2 chunk(s) not done; 'farm retry-failed --run {run_id}' takes it up again")
+    assert f"test run {run_id} cancelled in " in out and "farm failed" not in out

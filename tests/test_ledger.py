@@ -247,3 +247,40 @@ def test_cancelling_a_run_with_nothing_left_leaves_it_as_it_ended(ledger):
     ledger.fail(ledger.claim(run, 0, "w"), "boom", None)
     assert ledger.cancel(run) == 0
     assert run in ledger.runs(limit=1000, unfinished=True)  # a retry of every run takes it
+    assert ledger.run(run)["status"] == "failed" and ledger.run(run)["cancelled_at"] is None
+
+
+def test_runs_an_older_farm_cancelled_are_named_cancelled_by_the_schema_upgrade(ledger,
+                                                                               settings):
+    """A run cancelled before the status ``cancelled`` was stored as ``failed``; the next
+    ``control_schema.ensure`` (a run started, 'farm shards init') names it as it is now."""
+    old, failed = _run(ledger, 1), _run(ledger, 1)
+    ledger.cancel(old)
+    ledger.fail(ledger.claim(failed, 0, "w"), "boom", None)
+    ledger.refresh_status(failed)
+    ledger.pool.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (old,))
+    control_schema.ensure(settings.control_dsn)
+    assert ledger.run(old)["status"] == "cancelled"
+    assert ledger.run(failed)["status"] == "failed"  # a run that failed on its own stays so
+
+
+def test_a_cancelled_run_ends_as_cancelled_until_a_retry_of_it_takes_it_up(ledger):
+    """Before, a cancelled run's status was ``failed``, like a run whose chunks failed."""
+    run = _run(ledger, 3)
+    ledger.finish(ledger.claim(run, 0, "w"), Outcome(rows_written=7))
+    held = ledger.claim(run, 1, "w")
+    assert ledger.cancel(run) == 2
+    assert ledger.refresh_status(run) == "cancelled"
+    got = ledger.run(run)
+    assert got["status"] == "cancelled" and got["cancelled_at"] is not None
+    listed = next(r for r in ledger.list_runs(limit=1000) if r["run_id"] == run)
+    assert (listed["status"], listed["chunks_done"], listed["chunks_failed"],
+            listed["rows_written"]) == ("cancelled", 1, 2, 7)
+    with pytest.raises(FencedError):  # its worker's end changes nothing
+        ledger.finish(held, Outcome())
+    assert ledger.refresh_status(run) == "cancelled"
+    assert ledger.reset_failed(run) == 2  # taken up again: its own status once more
+    assert ledger.run(run)["status"] == "running" and ledger.run(run)["cancelled_at"] is None
+    ledger.finish(ledger.claim(run, 1, "w"), Outcome())
+    ledger.fail(ledger.claim(run, 2, "w"), "boom", None)
+    assert ledger.refresh_status(run) == "failed"

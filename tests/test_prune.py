@@ -79,6 +79,26 @@ def test_prune_removes_old_done_runs_only_and_archives_their_summary(ledger, set
     assert rows_of(settings, made["recent"])["chunks"] == 3
 
 
+def test_a_cancelled_run_is_pruned_like_a_done_one_a_failed_one_is_not(ledger, settings):
+    """A run 'farm cancel' ended was ended on purpose: pruned without --include-failed (before,
+    as a ``failed`` run, only with it), and archived as ``cancelled``."""
+    cancelled = make_run(ledger, settings, days_ago=40, states=["done", "pending"])
+    young = make_run(ledger, settings, days_ago=2, states=["done", "pending"])
+    failed = make_run(ledger, settings, days_ago=40, states=["done", "failed"])
+    assert ledger.cancel(cancelled) == 1 and ledger.cancel(young) == 1
+    assert prune.prune(ledger.pool, 30 * 86400, dry_run=True).runs >= 1
+    assert rows_of(settings, cancelled)["chunks"] == 2  # a dry run counts, keeps
+    prune.prune(ledger.pool, 30 * 86400)
+    assert rows_of(settings, cancelled) == {"runs": 0, "chunks": 0, "quarantine": 0,
+                                            "verify_mismatches": 0}
+    assert sql(settings, "SELECT status, chunks_done, chunks_failed FROM runs_archive WHERE "
+               "run_id = %s", (cancelled,)) == (("cancelled", 1, 1),)
+    assert rows_of(settings, young)["chunks"] == 2  # ended 2 days ago: not yet
+    assert rows_of(settings, failed)["chunks"] == 2  # only with --include-failed
+    prune.prune(ledger.pool, 30 * 86400, include_failed=True)
+    assert rows_of(settings, failed)["runs"] == 0
+
+
 def test_dry_run_counts_and_removes_nothing(ledger, settings, made):
     report = prune.prune(ledger.pool, 30 * 86400, dry_run=True)
     assert report.dry_run and report.runs >= 1 and report.batches == 0

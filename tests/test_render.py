@@ -2,7 +2,7 @@
 run's rates and ETA."""
 
 from farmcore.progress import KindProgress, RunProgress
-from scripts.render import status_lines
+from scripts.render import runs_lines, status_lines
 
 
 def _view(paused: bool) -> dict:
@@ -36,3 +36,29 @@ def test_a_run_that_ended_with_failed_chunks_does_not_say_done():
     assert line.endswith("since start (paused time left out), ended with 1 failed chunk(s): "
                          "'farm failed --run migrate-x' says why, 'farm retry-failed --run "
                          "migrate-x' tries them again"), line
+
+
+def test_a_cancelled_run_says_when_and_how_to_take_it_up_again():
+    """Before, a cancelled run was 'failed' and its line the failed run's advice."""
+    kinds = [KindProgress("users", 1000, 3000, 2000, 1000, 0, 1, 2, 0, 3)]
+    p = RunProgress(1000, 3000, 1, 2, 0, 3, 5.0, 200.0, 0.0, None, False, True, kinds,
+                    status="cancelled", cancelled_at="2026-11-24 17:05:00")
+    run = {"run_id": "migrate-x", "kind": "migrate", "status": "cancelled", "paused": False,
+           "queue": "farm", "throttled": None, "created_at": "2026-11-24T17:00:00",
+           "progress": p.as_dict()}
+    lines = status_lines({"runs": [run], "workers": {}, "queues": {}})
+    assert lines[0].startswith("run migrate-x  migrate  cancelled  queue farm")
+    assert lines[3].endswith("since start (paused time left out), cancelled by the operator "
+                             "at 2026-11-24 17:05:00 UTC; 2 chunk(s) not done; 'farm "
+                             "retry-failed --run migrate-x' takes it up again"), lines[3]
+    assert "farm failed" not in lines[3]
+
+
+def test_the_runs_table_keeps_its_columns_for_a_cancelled_paused_run():
+    row = {"run_id": "migrate-x", "kind": "migrate", "status": "cancelled", "paused": True,
+           "total_chunks": 3, "chunks_done": 1, "chunks_failed": 2, "rows_written": 7,
+           "created_at": "2026-11-24 17:00:00", "finished_at": "2026-11-24 17:05:00"}
+    head, line = runs_lines([row])[:2]
+    assert line.split()[2:5] == ["cancelled*", "1/3", "(2"]
+    assert line.index(" 7  ") + 2 == head.index("rows written") + len("rows written")
+    assert line.index("2026-11-24 17:00:00") == head.index("started (UTC)")

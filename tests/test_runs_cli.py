@@ -1,7 +1,9 @@
 """Operating runs from the command line: status, runs, pause, throttle, failed, retry-failed."""
 
 import json
+import sys
 import threading
+import time
 
 import pymysql
 import pytest
@@ -11,7 +13,8 @@ from jobs import runs
 from jobs.queue import rq_queue
 from shardfarm.errors import FencedError
 from tests.conftest import SHARDS_A, park_unfinished_runs, run_farm
-from tests.farmkit import start_workers, stop, until
+from tests.farmkit import output, spawn, start_workers, stop, until
+from tests.migratekit import last_json
 
 pytestmark = [pytest.mark.slow,  # end-to-end: real workers, servers or long waits
               pytest.mark.usefixtures("park_leftover_runs")]
@@ -237,7 +240,12 @@ def test_cancel_ends_a_run_and_only_a_retry_of_that_run_takes_it_up(rt, env):
         ["failed"] * 3
     out = run_farm(env, "failed", "--run", run_id)
     assert out.stdout.count("cancelled by the operator (farm cancel)") == 3, out.stdout
-    assert "ended with 3 failed chunk(s)" in run_farm(env, "status", "--run", run_id).stdout
+    assert _statuses(env, run_id) == ["cancelled"] * 3
+    summary = json.loads(run_farm(env, "summary", run_id, "--json").stdout)
+    assert (summary["status"], summary["failed_chunks"]) == ("cancelled", 3)
+    said = run_farm(env, "status", "--run", run_id).stdout
+    assert "cancelled by the operator at " in said and "farm failed" not in said, said
+    assert f"UTC; 3 chunk(s) not done; 'farm retry-failed --run {run_id}' takes it up" in said
     park_unfinished_runs(rt.ledger)  # the session's other runs: a retry of all would revive them
     run_farm(env, "retry-failed")  # every run's failures: not a cancelled run's
     assert rt.ledger.chunk(run_id, 0)["state"] == "failed"
@@ -246,7 +254,36 @@ def test_cancel_ends_a_run_and_only_a_retry_of_that_run_takes_it_up(rt, env):
     proc = start_workers(env, 1, "--burst")
     proc.wait(timeout=60)
     assert rt.ledger.refresh_status(run_id) == "done"
+    assert _statuses(env, run_id) == ["done"] * 3  # taken up again: its own status
     again = run_farm(env, "cancel", run_id)  # nothing left: said, not an error
     assert again.returncode == 0 and "had no chunk left to cancel" in again.stderr
     out = run_farm(env, "cancel", "nope-run")
     assert out.returncode == 1 and "no run 'nope-run'" in out.stderr
+
+
+def _statuses(env, run_id):
+    """The run's status as 'farm runs --json', 'farm status --json' and the end of 'farm
+    status' tell it."""
+    listed = [json.loads(line) for line in run_farm(env, "runs", "--json").stdout.splitlines()]
+    view = json.loads(run_farm(env, "status", "--json", "--run", run_id).stdout)
+    line = run_farm(env, "status", "--run", run_id).stdout.splitlines()[0]
+    return [next(r["status"] for r in listed if r["run_id"] == run_id),
+            view["runs"][0]["status"], line.split()[3]]
+
+
+def test_a_run_cancelled_while_waited_for_ends_the_wait_with_exit_1(rt, env):
+    """'--wait' exits 0 only if every chunk finished: a cancelled run's ends it with 1 and a
+    summary that says ``cancelled`` (before: ``failed``)."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy",
+                        [ChunkSpec("nap", {"seconds": 0}) for _ in range(2)],
+                        queue="cancel-tests-nobody-listens")
+    waiting = spawn([sys.executable, "-m", "scripts", "resume", run_id, "--wait"], env)
+    try:
+        time.sleep(2)  # waiting: no worker takes its chunks
+        assert waiting.poll() is None, output(waiting)
+        assert json.loads(run_farm(env, "cancel", run_id).stdout)["cancelled_chunks"] == 2
+        assert waiting.wait(timeout=60) == 1, output(waiting)
+        doc = last_json(output(waiting))
+    finally:
+        stop(waiting)
+    assert (doc["run_id"], doc["status"], doc["failed_chunks"]) == (run_id, "cancelled", 2)

@@ -22,6 +22,19 @@ def test_migrate_summary_names_what_to_look_at():
     assert "2 chunk(s): 'farm failed --run m-1'" in lines[3]
 
 
+def test_a_cancelled_run_says_when_and_how_to_take_it_up_again():
+    """Before, it said 'failed … chunk(s)' and named 'farm failed' as for a failed run."""
+    doc = {"run_id": "m-1", "status": "cancelled", "loaded": {"users": 4950, "pins": 30},
+           "quarantined": {"users": 0, "pins": 0}, "failed_chunks": 2}
+    lines = summary_lines(doc, "migrate", _p(chunks_done=6, chunks_failed=2,
+                                             status="cancelled",
+                                             cancelled_at="2026-11-24 17:05:00"))
+    assert lines[0].startswith("migrate run m-1 cancelled in 0:01:23 · ")
+    assert lines[-1] == ("  cancelled by the operator at 2026-11-24 17:05:00 UTC; 2 chunk(s) "
+                         "not done; 'farm retry-failed --run m-1' takes it up again")
+    assert not any("farm failed" in line for line in lines)
+
+
 def test_reexport_says_unchanged_skipped():
     doc = {"run_id": "e-1", "status": "done", "loaded": {"users": 0, "pins": 120},
            "quarantined": {"users": 0, "pins": 0}, "failed_chunks": 0,
@@ -56,3 +69,6 @@ def test_verify_line():
     assert verify_line(s) == "verify run v-1 of m-1 done: 7 rows checked, 2 mismatch(es)"
     assert verify_line({**s, "failed_chunks": 1}).endswith("1 chunk(s) failed: "
                                                            "'farm failed --run v-1'")
+    assert verify_line({**s, "status": "cancelled", "failed_chunks": 1}) == (
+        "verify run v-1 of m-1 cancelled: 7 rows checked, 2 mismatch(es), 1 chunk(s) not "
+        "done: 'farm retry-failed --run v-1' takes it up again")

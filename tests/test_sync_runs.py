@@ -15,7 +15,7 @@ import pytest
 from farmcore.ledger import ChunkSpec
 from farmcore.quarantine import Quarantine
 from loaders.migration import migrate as migration
-from loaders.migration import sync
+from loaders.migration import runwatch, sync
 from shardfarm.errors import FencedError
 from shardfarm.mysql.dsn import DSN
 from shardfarm.settings import Settings
@@ -223,16 +223,24 @@ def test_cutover_waits_for_sync_to_follow_the_latest_migration(
 
 
 @pytest.mark.slow
-def test_a_failed_run_is_not_followed(live, ledger):  # noqa: F811
+@pytest.mark.parametrize(("status", "says"), [("failed", "ended with failed chunks"),
+                                              ("cancelled", "was cancelled ('farm cancel')")])
+def test_a_failed_or_cancelled_run_is_not_followed(live, ledger, status, says):  # noqa: F811
+    """Before, a run that 'farm cancel' ended (status ``cancelled``) was followed as if done."""
     run_id = ledger.latest_run("migrate")
-    ledger.pool.execute("UPDATE runs SET status = 'failed' WHERE run_id = %s", (run_id,))
+    ledger.pool.execute("UPDATE runs SET status = %s, cancelled_at = IF(%s = 'cancelled', "
+                        "NOW(3), NULL) WHERE run_id = %s", (status, status, run_id))
     try:
+        waits = runwatch.waiting_for(ledger, None)
         out = run_farm(live, "sync", "--until-caught-up", timeout=120)
     finally:
-        ledger.pool.execute("UPDATE runs SET status = 'done' WHERE run_id = %s", (run_id,))
+        ledger.pool.execute("UPDATE runs SET status = 'done', cancelled_at = NULL WHERE "
+                            "run_id = %s", (run_id,))
+    assert waits == (f"migrate run {run_id} ({status}: 'farm retry-failed --run {run_id}' or "
+                     "a new 'farm migrate')")
     assert out.returncode == 1
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and f"migrate run {run_id} ended with failed chunks" in lines[0]
+    assert len(lines) == 1 and f"migrate run {run_id} {says}" in lines[0], out.stderr
     assert f"farm retry-failed --run {run_id}" in lines[0], out.stderr
     assert ledger.sync_state.read()["expires"] is None  # the refusal gave its lease back
 

@@ -27,6 +27,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 
 from farmcore.ledger import Ledger
+from farmcore.runstate import CANCELLED, fell_short
 from loaders.migration import binlog, runwatch, sync
 from loaders.migration.feed import Feed
 from loaders.migration.legacy import LegacyReader
@@ -108,11 +109,8 @@ class Follower:
         binlog.stored(run["params"]["binlog_pos"], f"migrate run {run_id}'s binlog_pos")
         if act.busy is not None:
             return None
-        if run["status"] == "failed":
-            raise ConfigError(
-                f"migrate run {run_id} ended with failed chunks ('farm failed --run {run_id}' "
-                f"says why): retry them ('farm retry-failed --run {run_id}') or run 'farm "
-                "migrate' again, then 'farm sync'")
+        if fell_short(run["status"]):
+            raise ConfigError(_not_followed(run_id, run["status"]))
         return run
 
     def _start(self, run: dict) -> tuple[str, bool]:
@@ -231,6 +229,15 @@ class Follower:
         finally:
             done.set()
             beater.join()
+
+
+def _not_followed(run_id: str, status: str) -> str:
+    """Why sync does not follow a migrate run that ended ``status`` (failed or cancelled),
+    and what to run instead."""
+    how = ("was cancelled ('farm cancel'): take it up again" if status == CANCELLED else
+           f"ended with failed chunks ('farm failed --run {run_id}' says why): retry them")
+    return (f"migrate run {run_id} {how} ('farm retry-failed --run {run_id}') or run 'farm "
+            "migrate' again, then 'farm sync'")
 
 
 def status(ledger: Ledger, reader: LegacyReader | None) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from farmcore.ledger import Ledger
+from farmcore.runstate import fell_short
 
 KIND = "migrate"
 # Seconds a chunk still counts as at work after its lease expired (a statement already
@@ -64,8 +65,8 @@ def waiting_for(ledger: Ledger, followed: str | None) -> str | None:
     busy = act.busy
     if busy is not None:
         return f"migrate run {busy} ({'paused' if ledger.run(busy)['paused'] else 'running'})"
-    if ledger.run(act.latest)["status"] == "failed":
-        return (f"migrate run {act.latest} (failed: 'farm retry-failed --run {act.latest}' "
+    if fell_short(status := ledger.run(act.latest)["status"]):  # failed or cancelled
+        return (f"migrate run {act.latest} ({status}: 'farm retry-failed --run {act.latest}' "
                 "or a new 'farm migrate')")
     return f"migrate run {act.latest} (done, not followed yet)" \
         if act.latest != followed else None
