@@ -64,9 +64,11 @@ class PruneReport:
         return asdict(self)
 
 
-# a run none of whose chunks is pending or running (``r``: the run's row)
-_NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id AND x.state IN "
-                 "('pending', 'running'))")
+# a run none of whose chunks is pending or running or still leased to a worker (``r``: the
+# run's row): a cancelled chunk keeps its lease until its worker's next renewal fences it out,
+# and until then that worker may still record quarantined rows against the run
+_NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id AND (x.state IN "
+                 "('pending', 'running') OR x.lease_expires > NOW(3)))")
 
 
 def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:

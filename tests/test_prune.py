@@ -99,6 +99,23 @@ def test_a_cancelled_run_is_pruned_like_a_done_one_a_failed_one_is_not(ledger, s
     assert rows_of(settings, failed)["runs"] == 0
 
 
+def test_a_cancelled_run_is_kept_while_a_chunk_of_it_is_still_leased(ledger, settings):
+    """Cancel leaves a running chunk's lease in place (its worker is fenced out at its next
+    renewal and may record quarantined rows until then): prune waits for the lease to end."""
+    run_id = make_run(ledger, settings, days_ago=40, states=["done", "pending"])
+    sql(settings, "UPDATE chunks SET state = 'running', lease_expires = NOW(3) + INTERVAL 1 HOUR "
+        "WHERE run_id = %s AND chunk_id = 1", (run_id,))
+    assert ledger.cancel(run_id) == 1
+    sql(settings, "UPDATE runs SET finished_at = NOW(3) - INTERVAL 40 DAY WHERE run_id = %s",
+        (run_id,))
+    prune.prune(ledger.pool, 30 * 86400)
+    assert rows_of(settings, run_id)["chunks"] == 2
+    sql(settings, "UPDATE chunks SET lease_expires = NOW(3) - INTERVAL 1 SECOND WHERE run_id = %s",
+        (run_id,))
+    prune.prune(ledger.pool, 30 * 86400)
+    assert rows_of(settings, run_id)["runs"] == 0
+
+
 def test_dry_run_counts_and_removes_nothing(ledger, settings, made):
     report = prune.prune(ledger.pool, 30 * 86400, dry_run=True)
     assert report.dry_run and report.runs >= 1 and report.batches == 0
