@@ -218,7 +218,7 @@ def fleet(users: int | None = 1500, *, workers: int = 2, seed: int = 1,
         f = Fleet(servers, red, workdir, map_path, _environment(servers, red, map_path, workdir))
         f.timings["servers"] = time.perf_counter() - start
         say(f"farm shards init: {SHARDS} shards and {BUCKETS} mod buckets on 2 servers")
-        f.timed("init", "shards", "init")
+        f.timed("init", "shards", "init", "--tune")
         if users:
             populate(f, users, workers, seed)
         yield f

@@ -208,7 +208,7 @@ def run(bench: Bench, users: int, scale: int, chunk_rows: int, digests: bool = F
         repeat: int = 1) -> None:
     """The whole benchmark on a started server (``repeat``: pairs of the scaled run)."""
     say("farm shards init")
-    bench.farm("shards", "init")
+    bench.farm("shards", "init", "--tune")
     legacy, gen_seconds = generate(bench, users * scale)
     print_header(bench, users * scale, legacy, gen_seconds, chunk_rows)
     if scale > 1:

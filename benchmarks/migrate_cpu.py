@@ -95,7 +95,7 @@ def run(bench: Bench, users: int, repeat: int, profile_path: str | None, chunk_r
         slice_rows: int, digests: bool = False) -> None:
     """The whole measurement on a started bench."""
     say("farm shards init")
-    bench.farm("shards", "init")
+    bench.farm("shards", "init", "--tune")
     say(f"generating {users:,} legacy users")
     bench.farm("legacy", "generate", "--users", str(users), "--seed", "1", "--replace")
     say(f"{legacy_rows(bench):,} legacy rows")

@@ -111,7 +111,7 @@ def run(bench: Bench, users: int, repeat: int) -> None:
     """The whole benchmark on a started server: ``repeat`` pairs of a timed ``farm
     reverse`` and its reference, taken in turn; the median of each side decides."""
     say("farm shards init")
-    bench.farm("shards", "init")
+    bench.farm("shards", "init", "--tune")
     legacy, gen_seconds = generate(bench, users)
     print_header(bench, users, legacy, gen_seconds, CHUNK_SIZE)
     migrate(bench, WORKERS, CONTROL)

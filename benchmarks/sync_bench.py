@@ -210,7 +210,7 @@ def run(bench: Bench, legacy: PrivateMariaDB, args: argparse.Namespace) -> Resul
     """The three measurements, workers running throughout."""
     r = Result(users=args.users)
     say("farm shards init")
-    bench.farm("shards", "init", control=CONTROL)
+    bench.farm("shards", "init", "--tune", control=CONTROL)
     say(f"generating {args.users:,} legacy users on the binlog server")
     bench.farm("legacy", "generate", "--users", str(args.users), "--seed", str(args.seed),
                "--replace", control=CONTROL)

@@ -133,7 +133,8 @@ class _Demo:
         ``users`` users."""
         p = self.p
         with p.phase("shards init"):
-            done = provision(self.rt.settings, self.rt.router, tune=True,
+            # a demo's few thousand rows need no large redo log: left as the server has it
+            done = provision(self.rt.settings, self.rt.router, tune=True, redo=False,
                              progress=self.observer.db_progress)
             for line in done.advice:
                 self.observer.note(line)

@@ -20,7 +20,8 @@ def shards_group() -> None:
 
 @shards_group.command("init")
 @click.option("--tune", is_flag=True,
-              help="Raise each server's table caches to fit its tables (SET GLOBAL).")
+              help="Raise each server's table caches to fit its tables and its redo log to "
+                   "1G (SET GLOBAL, until the server restarts).")
 @farm_options
 def init(app: App, tune: bool) -> None:
     """Create every database and table of the map, the mod buckets and the control database.
