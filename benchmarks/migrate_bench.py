@@ -69,13 +69,15 @@ def fmt_row(m: Measure) -> str:
 
 def print_header(bench: Bench, users: int, legacy: int, gen_seconds: float,
                  chunk_rows: int) -> None:
-    """Server configuration and data set, as measured."""
+    """Server configuration (after ``farm shards init --tune``) and data set, as measured."""
     v = bench.server.variables()
     asked = SHARD_HOST_OPTIONS["table-open-cache"]
     capped = "" if v["table_open_cache"] == asked else (
-        f" (asked {asked}; capped by open_files_limit {v['open_files_limit']})")
+        f" (asked {asked} at start: capped by open_files_limit {v['open_files_limit']}; "
+        "then 'shards init --tune')")
     print(f"private mariadbd {v['version']} on port {bench.server.port}: buffer pool "
-          f"{int(v['innodb_buffer_pool_size']) >> 20}M, table_open_cache "
+          f"{int(v['innodb_buffer_pool_size']) >> 20}M, redo log "
+          f"{int(v['innodb_log_file_size']) >> 20}M, table_open_cache "
           f"{v['table_open_cache']}{capped}, table_definition_cache "
           f"{v['table_definition_cache']}, flush_log_at_trx_commit "
           f"{v['innodb_flush_log_at_trx_commit']}, max_connections {v['max_connections']}")
