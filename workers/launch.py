@@ -97,8 +97,20 @@ def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
     params, chunks = _planned(
         rt, lambda: migration.plan_source(rt.settings, chunk_rows, slice_rows))
     params = {"open_shards": migration.open_shards(rt.router, rt.ledger), **params}
+    if busy := busy_migration_note(rt):
+        notice(busy)
     return _start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag),
                   notice)
+
+
+def busy_migration_note(rt: Runtime) -> str | None:
+    """What to tell whoever starts a migration while another is running or paused: both load
+    the same rows (the target ends the same, the work is done twice). ``None`` if none is."""
+    busy = [r for r in rt.ledger.runs(active_only=True) if rt.ledger.run(r)["kind"] == "migrate"]
+    if not busy:
+        return None
+    return (f"migrate run {busy[0]} is not finished: this run loads the same rows beside it (the "
+            f"target ends the same, the work is done twice); 'farm cancel {busy[0]}' ends it")
 
 
 def migrate_run(rt: Runtime, run_id: str | None) -> dict:
