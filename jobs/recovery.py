@@ -28,7 +28,7 @@ def retry_failed(rt: Runtime, run_id: str | None = None) -> Retried:
     items of every queue."""
     out = Retried(chunks=runs.retry_failed(rt, run_id))
     if not run_id:
-        for queue in status.queue_names(rt):
+        for queue in status.queue_names(rt.redis):
             n, why = settle.retry_failed(rt.redis, queue, rt.policy)
             out.items += n
             out.not_retried += why

@@ -181,9 +181,9 @@ def farm_view(rt: Runtime, run_id: str | None = None, limit: int = 5) -> dict:
     return view
 
 
-def queue_names(rt: Runtime) -> list[str]:
-    """Every queue Redis knows of (rq's registry of queues)."""
-    return sorted(q.name for q in Queue.all(connection=rt.redis, serializer=JSONSerializer))
+def queue_names(conn: redis.Redis) -> list[str]:
+    """Every queue Redis knows of (rq's registry of queues): those a job was ever queued on."""
+    return sorted(q.name for q in Queue.all(connection=conn, serializer=JSONSerializer))
 
 
 def failed_items(rt: Runtime) -> list[dict]:

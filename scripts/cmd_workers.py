@@ -9,7 +9,8 @@ import click
 import redis
 
 from jobs.policy import JobPolicy
-from jobs.status import read_supervisors
+from jobs.runs import DEFAULT_QUEUE
+from jobs.status import queue_names, read_supervisors
 from scripts.app import App
 from scripts.options import ALLOW_MODULE, QueueList, emit, farm_options
 from scripts.render import note
@@ -44,10 +45,25 @@ def workers(app: App, count: int, burst: bool, queues: list[str], metrics_port: 
         raise click.UsageError("--burst with --count 0 would run nothing (give --count 1 or "
                                "more)")
     policy = JobPolicy.from_env(flags=allow_modules)
+    _note_unused_queues(app, queues)
     sup = Supervisor(app.settings, count, queues, burst=burst,
                      policy=policy, metrics_port=metrics_port, metrics_addr=metrics_addr)
     if sup.run():
         raise FarmError("; ".join(_burst_problems(sup)))
+
+
+def _note_unused_queues(app: App, queues: list[str]) -> None:
+    """A ``note:`` naming the queues of ``--queues`` no job was ever queued on (a typo waits
+    for ever); the farm's own queue is always a good one. Redis not answering is the
+    supervisor's to report."""
+    try:
+        known = {*queue_names(app.settings.redis()), DEFAULT_QUEUE}
+        unused = [q for q in queues if q not in known]
+    except redis.RedisError:
+        return
+    if unused:
+        note(f"no job was ever queued on {', '.join(map(repr, unused))} here: these workers "
+             "wait until one is (check --queues; 'farm status' lists the queues in use)")
 
 
 def _burst_problems(sup: Supervisor) -> list[str]:

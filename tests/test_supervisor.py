@@ -32,6 +32,19 @@ def test_a_burst_of_no_workers_is_a_usage_error(farm_env):
 
 
 @pytest.mark.usefixtures("park_leftover_runs")
+def test_workers_on_a_queue_no_job_was_ever_queued_on_say_so(farm_env):
+    """A typo in --queues used to wait silently for ever."""
+    out = run_farm(farm_env, "workers", "--burst", "--count", "1", "--queues",
+                   "farm,farmm", timeout=120)
+    notes = [line for line in out.stderr.splitlines() if line.startswith("farm: note: no job")]
+    assert notes == ["farm: note: no job was ever queued on 'farmm' here: these workers wait until "
+                     "one is (check --queues; 'farm status' lists the queues in use)"], out.stderr
+    out = run_farm(farm_env, "workers", "--burst", "--count", "1", "--queues", "farm",
+                   timeout=120)
+    assert "no job was ever queued" not in out.stderr, out.stderr
+
+
+@pytest.mark.usefixtures("park_leftover_runs")
 def test_a_burst_whose_worker_is_killed_mid_chunk_exits_1_naming_it(rt, env):
     """Before, the supervisor saw no worker left and exited 0: a burst that did not finish
     its work looked like one that did."""
