@@ -1,7 +1,7 @@
 """The migration's CPU per legacy row, chunk by chunk, in this one process.
 
 Usage: ``python -m benchmarks.migrate_cpu [--users N] [--repeat N] [--profile FILE]
-[--chunk-size R] [--slice-size R] [--digests]``.
+[--chunk-size R] [--slice-size R] [--digests] [--phases]``.
 
 On the private shard-host bench of ``benchmarks.migrate_bench`` (the legacy database on
 a server of its own), every chunk of a ``farm migrate`` run is executed here, in order,
@@ -25,9 +25,10 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterable
+from contextlib import nullcontext
 from functools import partial
 
-from benchmarks import _digests
+from benchmarks import _digests, _phases
 from benchmarks._bench import (
     Bench,
     all_written_tables,
@@ -92,7 +93,7 @@ def report(label: str, cpu: Counter, rows: Counter, servers: dict[str, Counter])
 
 
 def run(bench: Bench, users: int, repeat: int, profile_path: str | None, chunk_rows: int,
-        slice_rows: int, digests: bool = False) -> None:
+        slice_rows: int, digests: bool = False, phases: bool = False) -> None:
     """The whole measurement on a started bench."""
     say("farm shards init")
     bench.farm("shards", "init", "--tune")
@@ -110,18 +111,21 @@ def run(bench: Bench, users: int, repeat: int, profile_path: str | None, chunk_r
             say(f"migration {i + 1} of {repeat}" + (" (profiled)" if profile else ""))
             if digests:
                 _digests.reset(bench.server)
-            report(f"run {i + 1}{'p' if profile else ''}",
-                   *migrate_inline(rt, chunk_rows, slice_rows, profile, servers))
+            with (_phases.installed(bench.server.proc.pid) if phases else nullcontext()) as by:
+                report(f"run {i + 1}{'p' if profile else ''}",
+                       *migrate_inline(rt, chunk_rows, slice_rows, profile, servers))
+            if by is not None:
+                by.report()
             if digests:
                 _digests.report(f"migration {i + 1}", bench.server)
             if profile is not None:
                 profile.dump_stats(profile_path)
-        reference(bench, digests)
+        reference(bench, digests, phases)
     finally:
         rt.close()
 
 
-def reference(bench: Bench, digests: bool = False) -> None:
+def reference(bench: Bench, digests: bool = False, by_table: bool = False) -> None:
     """The target server's CPU seconds to ``LOAD DATA`` the rows the last migration wrote
     (the migrate benchmark's reference, 2 threads): against the migration's, the target-side
     ratio (the ceiling with the workers and the legacy database on machines of their own)."""
@@ -130,6 +134,8 @@ def reference(bench: Bench, digests: bool = False) -> None:
     say("dumping the target, then LOAD DATA of the same rows")
     counts = count_rows(bench, [t.name for t in target_tables()])
     files, _ = dump(bench, counts, into)
+    if by_table:
+        _phases.by_table(bench, files, load_data)
     load = load_data(bench, files, before=partial(_digests.reset, bench.server) if digests
                      else None)
     if digests:
@@ -150,11 +156,14 @@ def main(argv: Iterable[str] | None = None) -> None:
     ap.add_argument("--digests", action="store_true",
                     help="performance_schema on: where the target server's statement time went "
                          "in each run and in the reference (not a run to quote CPU figures from)")
+    ap.add_argument("--phases", action="store_true",
+                    help="the target server's CPU by step of the chunks (shard writes, mod-bucket "
+                         "writes, reads, ...) and the reference's by table")
     args = ap.parse_args(None if argv is None else list(argv))
     if args.users < 1 or args.repeat < 1:
         ap.error("--users and --repeat take a number of at least 1")
     with_bench(lambda bench: run(bench, args.users, args.repeat, args.profile,
-                                 args.chunk_size, args.slice_size, args.digests),
+                                 args.chunk_size, args.slice_size, args.digests, args.phases),
                own_legacy=True, **(_digests.SERVER_OPTIONS if args.digests else {}))
 
 
