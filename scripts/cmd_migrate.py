@@ -48,7 +48,8 @@ def verify(app: App, run_id: str | None, show: int, as_json: bool) -> None:
 
     Runs as a resumable run on the workers, prints each mismatch with its legacy
     key, then the JSON summary as the last line. A note first when the migrate run had
-    chunks not done (pending, running or failed): mismatches may be rows not loaded yet.
+    chunks not done (pending, running or failed): mismatches may be rows not loaded yet
+    (in the JSON summary too, as "note").
     """
     rt = app.runtime
     vid, of_run = launch.verify(rt, run_id, notice=note)
@@ -63,8 +64,8 @@ def verify(app: App, run_id: str | None, show: int, as_json: bool) -> None:
                    "them all")
     if for_people(as_json):
         click.echo(verify_line(outcome.summary))
-    else:
-        emit(outcome.summary)
+    else:  # a script reading only the last line learns of the note too
+        emit({**outcome.summary, "note": unloaded} if unloaded else outcome.summary)
     if not outcome.ok:
         sys.exit(1)
 

@@ -52,10 +52,11 @@ def test_verify_says_when_the_migrate_run_has_not_loaded_everything(env, rt, ser
     try:
         code, lines = _verify(env)  # of the latest migrate run: this one
         assert code == 1 and json.loads(lines[-1])["mismatches"] > 0, "\n".join(lines)
-        _noted_before_the_result(lines, (
-            f"farm: note: migrate run {run_id} had {chunks} chunk(s) pending or running when "
-            "this verify started: mismatches may be rows it had not loaded yet ('farm status "
-            f"--run {run_id}'; verify again once it is done)"))
+        said = (f"migrate run {run_id} had {chunks} chunk(s) pending or running when this "
+                "verify started: mismatches may be rows it had not loaded yet ('farm status "
+                f"--run {run_id}'; verify again once it is done)")
+        _noted_before_the_result(lines, f"farm: note: {said}")
+        assert json.loads(lines[-1])["note"] == said  # for a script that reads the last line
 
         assert rt.ledger.cancel(run_id) == chunks  # it ends, every chunk failed
         code, lines = _verify(env, "--run", run_id)
@@ -70,5 +71,6 @@ def test_verify_says_when_the_migrate_run_has_not_loaded_everything(env, rt, ser
         assert runs.wait(rt, run_id, timeout=300) == "done"
         code, lines = _verify(env, "--run", run_id)
         assert code == 0 and not [x for x in lines if "not load" in x], "\n".join(lines)
+        assert "note" not in json.loads(lines[-1])
     finally:
         stop(workers)
