@@ -155,13 +155,17 @@ class Ledger(LedgerReports):
         return out
 
     def runs(self, limit: int = 20, active_only: bool = False,
-             unfinished: bool = False) -> list[str]:
-        """Newest run IDs first: all, active ones (running or paused), or those with a chunk
-        not done (failed runs included, cancelled ones not)."""
-        where = ("WHERE status IN ('running', 'paused')" if active_only else
-                 "WHERE status <> 'done' AND cancelled_at IS NULL" if unfinished else "")
+             unfinished: bool = False, kind: str | None = None) -> list[str]:
+        """Newest run IDs first (of ``kind``, if given): all, active ones (running or paused),
+        or those with a chunk not done (failed runs included, cancelled ones not)."""
+        conds = (["status IN ('running', 'paused')"] if active_only else
+                 ["status <> 'done' AND cancelled_at IS NULL"] if unfinished else [])
+        params: list = [kind] if kind else []
+        conds += ["kind = %s"] if kind else []
+        where = f"WHERE {' AND '.join(conds)}" if conds else ""
         return [r[0] for r in self.pool.query(
-            f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s", (limit,))]
+            f"SELECT run_id FROM runs {where} ORDER BY created_at DESC LIMIT %s",
+            (*params, limit))]
 
     def list_runs(self, kind: str | None = None, limit: int = 50) -> list[dict]:
         """The newest ``limit`` runs (of ``kind``), each with its chunks done and failed and

@@ -106,7 +106,7 @@ def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
 def busy_migration_note(rt: Runtime) -> str | None:
     """What to tell whoever starts a migration while another is running or paused: both load
     the same rows (the target ends the same, the work is done twice). ``None`` if none is."""
-    busy = [r for r in rt.ledger.runs(active_only=True) if rt.ledger.run(r)["kind"] == "migrate"]
+    busy = rt.ledger.runs(limit=1, active_only=True, kind="migrate")
     if not busy:
         return None
     return (f"migrate run {busy[0]} is not finished: this run loads the same rows beside it (the "
