@@ -332,3 +332,41 @@ def test_a_move_that_lost_its_lock_stops_before_it_freezes_or_flips(
     assert _source_states(moved_map, (lo, hi)) == [(2, False), (2, False)]
     assert probe in {r[0] for r in _rows(repl_pair.master.port, hi, "pins")}  # run again: there
     assert "Traceback" not in log
+
+
+def test_a_cancelled_copy_is_told_as_cancelled_and_the_same_move_resumes_it(moved_map, repl_pair,
+                                                                             env):
+    """Before, a copy run the operator cancelled was told as "ended cancelled: see 'farm
+    failed'", which lists nothing worth reading for it."""
+    from jobs.runtime import Runtime
+    from shardfarm.errors import FatalError
+    from shardfarm.settings import Settings
+    from workers import capacity
+    e = {**env, "FARM_SHARDMAP": str(moved_map)}
+    lo, hi = SHARDS[0], SHARDS[1]
+    rt = Runtime(Settings.from_env(e))
+    copies: list[str] = []
+
+    def cancel(run_id: str) -> str:  # the operator cancels it before any worker takes it
+        copies.append(run_id)
+        rt.ledger.cancel(run_id)
+        return rt.ledger.refresh_status(run_id)
+    try:
+        with pytest.raises(FatalError) as err:
+            capacity.move(rt, lo, hi, "PairM", "PairS", rows_per_range=1000, follow=cancel)
+    finally:
+        rt.close()
+    assert str(err.value) == (f"copy run {copies[0]} was cancelled ('farm cancel'); run the "
+                              "same move again to resume it")
+    workers = start_workers(e, 2)
+    try:
+        out = run_farm(e, "shards", "move", f"{lo}-{hi}", "--to", "PairM/PairS", "--wait",
+                       "--rows-per-chunk", "1000", timeout=300)
+    finally:
+        stop(workers)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.splitlines()[-1])["run_id"] == copies[0]
+    repl_pair.wait_caught_up()
+    for s in (lo, hi):
+        for t in TABLES:
+            assert _rows(3306, s, t) == _rows(repl_pair.master.port, s, t), (s, t)

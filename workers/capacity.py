@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from farmcore.runstate import CANCELLED
 from jobs import runs
 from jobs.runtime import Runtime
 from loaders.capacity import copy as capcopy
@@ -27,9 +28,9 @@ KIND = "shardmove"
 
 def _copy_run(rt: Runtime, p: capmove.MovePlan, max_lag: float | None) -> str:
     """The copy run of this move: an earlier one with the same params, or a new one."""
-    for run_id in rt.ledger.runs(limit=50):
+    for run_id in rt.ledger.runs(limit=50, kind=KIND):
         run = rt.ledger.run(run_id)
-        if run["kind"] == KIND and all(run["params"].get(k) == v for k, v in p.params.items()):
+        if all(run["params"].get(k) == v for k, v in p.params.items()):
             if run["status"] != "done":
                 runs.retry_failed(rt, run_id)
             return run_id
@@ -41,10 +42,10 @@ def _flipped_plan(rt: Runtime, lo: int, hi: int, master: str, slave: str
                   ) -> tuple[str, capmove.MovePlan] | None:
     """The copy run and plan of this move, already flipped; ``None`` if no copy run of this
     move is known (the shards were on ``master`` all along)."""
-    for run_id in rt.ledger.runs(limit=50):
+    for run_id in rt.ledger.runs(limit=50, kind=KIND):
         run = rt.ledger.run(run_id)
         prm = run["params"]
-        if (run["kind"] == KIND and prm.get("range") == [lo, hi] and prm.get("sources")
+        if (prm.get("range") == [lo, hi] and prm.get("sources")
                 and prm.get("to") == f"{master}/{slave}" and run["status"] == "done"):
             p = capmove.MovePlan.of_params(prm)
             return None if rt.router.shardmap.version <= p.version else (run_id, p)
@@ -120,8 +121,9 @@ def _move(rt: Runtime, lo: int, hi: int, master: str, slave: str, rows_per_range
     status = follow(run_id) if follow else runs.wait(rt, run_id)
     lap("copy")
     if status != "done":
-        raise FatalError(f"copy run {run_id} ended {status}: see 'farm failed {run_id}', then "
-                         "run the same move again (it resumes)")
+        why = ("was cancelled ('farm cancel')" if status == CANCELLED else
+               f"ended {status}: see 'farm failed {run_id}'")
+        raise FatalError(f"copy run {run_id} {why}; run the same move again to resume it")
     notice(f"copied by run {run_id}; catching up with the writes made meanwhile")
     lock.check("the catch-up, with nothing frozen or flipped")
     before, _ = capmove.catch_up(rt.router, p, check=lambda s, table: lock.check(
