@@ -111,9 +111,9 @@ def refuse_overlap(ledger: Ledger, params: dict) -> None:
     """``FolderBusyError`` in one line naming the active export run that writes one of the
     same folders (destination, table, date) as ``params``: one run at a time per folder.
     (Chunks enforce it too, atomically: a run that slips past this check waits.)"""
-    for run_id in ledger.runs(limit=200, active_only=True):
+    for run_id in ledger.runs(limit=200, active_only=True, kind="export"):
         run = ledger.run(run_id)
-        if run["kind"] != "export" or run["status"] != "running":
+        if run["status"] != "running":
             continue
         theirs = set(folders_named(run["params"]))
         shared = [t for t in params["kinds"] if (params["dest"], t, params["date"]) in theirs]
