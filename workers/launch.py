@@ -96,7 +96,8 @@ def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
     """
     params, chunks = _planned(
         rt, lambda: migration.plan_source(rt.settings, chunk_rows, slice_rows))
-    params = {"open_shards": migration.open_shards(rt.router, rt.ledger), **params}
+    params = {"open_shards": migration.open_shards(rt.router, rt.ledger),
+              "fresh": migration.fresh_tables(rt.router, rt.ledger), **params}
     if busy := busy_migration_note(rt):
         notice(busy)
     return _start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag),
@@ -145,8 +146,8 @@ def start_verify(rt: Runtime, of: dict, extra: dict | None = None) -> str:
     ``extra`` is added to the run's params (the demo's tag).
     """
     p = of["params"]
-    _, chunks = migration.plan(rt.settings, rt.router, rt.ledger, p["chunk_rows"],
-                               p.get("slice_rows", p["chunk_rows"]))
+    _, chunks = migration.plan_source(rt.settings, p["chunk_rows"],
+                                      p.get("slice_rows", p["chunk_rows"]))
     params = {k: p[k] for k in ("open_shards", "kinds", "chunk_rows", "slice_rows") if k in p}
     return runs.start(rt, "verify", verifier.HANDLER, chunks,
                       {**params, "of_run": of["run_id"], **(extra or {})})

@@ -53,7 +53,32 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
          ) -> tuple[dict, list[ChunkSpec]]:
     """Run parameters and chunks of a migration of the whole legacy database."""
     params, chunks = plan_source(settings, chunk_rows, slice_rows)
-    return {"open_shards": open_shards(router, ledger), **params}, chunks
+    return {"open_shards": open_shards(router, ledger), "fresh": fresh_tables(router, ledger),
+            **params}, chunks
+
+
+def fresh_tables(router: Router, ledger: Ledger) -> list[str]:
+    """The legacy tables the target holds nothing of (``present.holds_nothing``), as a run's
+    plan finds them: a chunk of one of them may skip reading what the target holds for its
+    range on its first attempt (``first_load``). None while another migrate run is running
+    or paused (its chunks may write any range meanwhile)."""
+    if ledger.runs(limit=1, active_only=True, kind="migrate"):
+        return []
+    return [t for t in ORDER if present.holds_nothing(
+        router, t, SPEC[t].type_name, tuple(m.table for m in SPEC[t].mappings))]
+
+
+def first_load(ctx: ChunkContext, table: str) -> bool:
+    """Whether this chunk writes into a target that holds nothing for its range, known
+    without reading it: ``table`` was fresh when the run was planned (``fresh_tables``),
+    the run is still the latest migrate run (no run planned after it has written), and this
+    is the chunk's first claim (fence 1: no earlier attempt, nor a zombie of one, has
+    written). Then the target holds, of the
+    chunk's range, only what other chunks of the run allocated for legacy IDs of 2**35 and
+    above (placeholders and their ``legacy_id_map`` rows, which the slot survey and the
+    upserts take as they are) and nothing to take out: what reading it would have found."""
+    return (table in ctx.params.get("fresh", ()) and ctx.token.fence == 1
+            and ctx.ledger.latest_run("migrate") == ctx.run_id)
 
 
 def plan_source(settings: Settings, chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -202,9 +227,12 @@ def judge_chunk(reader: LegacyReader, params: dict, table: str, lo: int, hi: int
     return resolver, list(zip(rows, resolver.judge_rows(spec, rows), strict=True))
 
 
-def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver
-         ) -> present.Held | dict[str, set[tuple[int, int]]]:
-    """What the target holds for ``sel`` now (read before the selection writes)."""
+def held(router: Router, spec: LegacyTable, sel: Selection, resolver: Resolver,
+         fresh: bool = False) -> present.Held | dict[str, set[tuple[int, int]]]:
+    """What the target holds for ``sel`` now (read before the selection writes); with
+    ``fresh``, nothing, unread (``first_load``)."""
+    if fresh:
+        return present.Held() if spec.is_object else {m.table: set() for m in spec.mappings}
     if spec.is_object:
         return present.held_objects(router, spec.name, spec.type_name, sel)
     return {m.table: present.held_links(router, m.table, sel, resolver.place_user)
@@ -220,7 +248,8 @@ def load_chunk(ctx: ChunkContext, table: str, lo: int, hi: int,
         ctx.ledger.quarantine.record(ctx.lease, bad)
     with collector.held_off():  # a chunk's rows form no cycles: see shardfarm.collector
         return load_slices(ctx.router, ctx.token, process_state(ctx), ctx.params, table,
-                           selections(lo, hi, slices), record, ctx.check)
+                           selections(lo, hi, slices), record, ctx.check,
+                           first_load(ctx, table))
 
 
 def load_selection(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
@@ -244,19 +273,20 @@ class Slice:
 
 def load_slices(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
                 table: str, sels: list[Selection], record: Callable[[list], None],
-                check: Callable[[], None] = lambda: None) -> Outcome:
+                check: Callable[[], None] = lambda: None, fresh: bool = False) -> Outcome:
     """``load_selection`` of consecutive selections, one in memory at a time: of several,
     each one's objects are written as they are built and what it no longer implies removed
     at once (a removal known only in memory would be lost with the process: on a re-run the
     target already holds the new documents); then every one's mapping rows and mod-bucket
     lookups at once (a statement per shard table and bucket, not per selection), and the bad
-    rows. One selection alone writes all its rows before it removes anything."""
+    rows. One selection alone writes all its rows before it removes anything. ``fresh``: the
+    target holds nothing for them (``first_load``), so it is not read."""
     spec = SPEC[table]
     later = TargetRows()
     bad: list = []
     read, counts = 0, Counter()
     for sel in sels:
-        done = _load_slice(router, token, st, params, spec, sel, check, len(sels) > 1)
+        done = _load_slice(router, token, st, params, spec, sel, check, len(sels) > 1, fresh)
         later.extend(done.later)
         bad += done.bad
         read += done.read
@@ -272,7 +302,7 @@ def load_slices(router: Router, token: FenceToken | None, st: ProcessState, para
 
 def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, params: dict,
                 spec: LegacyTable, sel: Selection, check: Callable[[], None],
-                defer: bool) -> Slice:
+                defer: bool, fresh: bool = False) -> Slice:
     """Write the rows of the valid legacy rows of ``sel`` (with ``defer``, only objects) and
     remove what they no longer imply; return what is left to write (``defer``: mapping rows
     and lookups) and the bad rows. A selection alone (``farm sync``, a chunk of one slice)
@@ -286,7 +316,7 @@ def _load_slice(router: Router, token: FenceToken | None, st: ProcessState, para
     builder = Builder(spec, resolver, NewIds(router, st.id_cache, token),
                       router.shardmap.buckets)
     target = builder.build(good)
-    before = held(router, spec, sel, resolver)
+    before = held(router, spec, sel, resolver, fresh)
 
     def writes(rows: TargetRows) -> TargetRows:  # what the target does not hold as it is
         return converge.changed(rows, before, ids.TYPES[spec.type_name]) \

@@ -143,6 +143,23 @@ def shard_read(router: Router, part: Callable[[int], tuple[str, list]]) -> list[
     return union_read(router, list(router.shardmap.shards()), router.host_for, part)
 
 
+def holds_nothing(router: Router, table: str, type_name: str | None,
+                  mapping_tables: tuple[str, ...]) -> bool:
+    """Whether the target holds nothing at all of a legacy table: no row (active or not) in
+    its object table ``table`` (of ``type_name``; ``None``: a link table) on any shard, no
+    ``legacy_id_map`` row of its type in any bucket, no row of a link table's forward
+    ``mapping_tables``. A ``LIMIT 1`` index read per shard or bucket and table."""
+    for name in [table] if type_name else mapping_tables:
+        if shard_read(router, lambda s, name=name: (
+                f"(SELECT 1 FROM {shard_table(s, name)} LIMIT 1)", [])):
+            return False
+    if type_name is None:
+        return True
+    m, t = router.shardmap, ids.TYPES[type_name]
+    return not union_read(router, list(range(m.buckets)), m.mod_master, lambda b: (
+        f"(SELECT 1 FROM {mod_table(b, 'legacy_id_map')} WHERE type_id = {t} LIMIT 1)", []))
+
+
 def mapped_ids(router: Router, type_name: str, sel: Selection) -> dict[int, int]:
     """``legacy_id_map`` rows of ``type_name`` in the selection: legacy ID -> new ID."""
     m = router.shardmap

@@ -1,0 +1,203 @@
+"""A migration into a target that holds nothing of a table skips reading what it holds.
+
+``migrate.first_load``: a chunk's first attempt, in the latest migrate run, of a table the
+run's plan found absent from the target. Every other attempt reads the target as before:
+these tests kill a first attempt, or plan a run before another, and change the legacy data
+in between, so that only a read of the target can take out what is stale.
+"""
+
+import time
+from functools import partial
+
+import pymysql
+import pytest
+import redis
+
+from jobs import lifecycle
+from jobs.runtime import Runtime
+from loaders.migration import migrate as migration
+from loaders.migration import present, writer
+from loaders.migration.spec import ORDER
+from sharding import ids
+from sharding.schema import mod_db, shard_db
+from tests.conftest import run_farm
+from tests.migratekit import checksums, dsn_kwargs, truncate_target
+
+
+@pytest.fixture(scope="module")
+def legacy_db(farm_env, settings, server_b, router, ledger):
+    """A generated legacy database and an empty target; the migrate runs earlier tests
+    left running or parked are cancelled (they would keep every plan from finding a
+    table fresh); the target emptied after."""
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    for run_id in ledger.runs(limit=1000, active_only=True, kind="migrate"):
+        ledger.cancel(run_id)
+        ledger.refresh_status(run_id)
+    truncate_target(server_b.port)
+    out = run_farm(farm_env, "legacy", "generate", "--users", "120", "--seed", "5",
+                   "--replace")
+    assert out.returncode == 0, out.stderr
+    yield
+    truncate_target(server_b.port)
+
+
+@pytest.fixture
+def rt(settings, legacy_db, server_b):
+    """A runtime on an empty target; its migrate runs are ended after the test."""
+    r = Runtime(settings.with_(redis_url=settings.redis_url))
+    truncate_target(server_b.port)
+    yield r
+    for run_id in r.ledger.runs(limit=100, active_only=True, kind="migrate"):
+        r.ledger.cancel(run_id)
+        r.ledger.refresh_status(run_id)
+    r.close()
+
+
+def _plan(settings, rt) -> tuple[dict, list]:
+    """A plan of chunks of several slices (pins too)."""
+    params, chunks = migration.plan(settings, rt.router, rt.ledger, 900, 300)
+    params["handler"] = migration.HANDLER
+    return params, chunks
+
+
+def _run_all(rt, run_id: str, n: int) -> None:
+    for c in range(n):
+        assert lifecycle.execute(rt, run_id, c) == "done"
+
+
+@pytest.mark.slow
+def test_a_plan_names_the_tables_the_target_holds_nothing_of(rt, server_b):
+    """Any row of a table (an inactive object, a ``legacy_id_map`` row of its type, a link
+    table's mapping row) takes it off the list; a migrate run at work empties the list."""
+    assert migration.fresh_tables(rt.router, rt.ledger) == list(ORDER)
+    shard, bucket = max(rt.router.shardmap.shards()), rt.router.shardmap.buckets - 1
+    rt.router.run(shard, lambda cur: cur.execute(
+        f"INSERT INTO `{shard_db(shard)}`.`comments` (local_id, data, active) "
+        "VALUES (5, '{}', 0)"))
+    rt.router.run_mod(bucket, lambda cur: cur.execute(
+        f"INSERT INTO `{mod_db(bucket)}`.`legacy_id_map` (type_id, legacy_id, new_id) "
+        "VALUES (%s, 7, 1)", (ids.TYPES["board"],)))
+    rt.router.run(shard, lambda cur: cur.execute(
+        f"INSERT INTO `{shard_db(shard)}`.`user_likes_pins` (from_id, to_id, sequence) "
+        "VALUES (1, 2, 3)"))
+    assert migration.fresh_tables(rt.router, rt.ledger) == ["users", "pins", "follows"]
+    truncate_target(server_b.port)
+    assert migration.fresh_tables(rt.router, rt.ledger) == list(ORDER)
+    params, chunks = _plan(rt.settings, rt)
+    rt.ledger.create_run("migrate", "none", params, chunks)
+    assert migration.fresh_tables(rt.router, rt.ledger) == []
+
+
+@pytest.mark.slow
+def test_a_first_load_reads_nothing_and_writes_what_a_reading_one_does(rt, server_b,
+                                                                       monkeypatch):
+    """A fresh run's chunks never read what the target holds (the reads fail if called),
+    and leave exactly what the same chunks leave when they read it."""
+    params, chunks = _plan(rt.settings, rt)
+    assert params["fresh"] == list(ORDER)
+    _run_all(rt, rt.ledger.create_run("migrate", "none", {**params, "fresh": []}, chunks),
+             len(chunks))
+    reading = checksums(server_b.port)
+    truncate_target(server_b.port)
+
+    def unread(*args, **kwargs):
+        raise AssertionError("a first load read the target")
+    monkeypatch.setattr(present, "held_objects", unread)
+    monkeypatch.setattr(present, "held_links", unread)
+    _run_all(rt, rt.ledger.create_run("migrate", "none", params, chunks), len(chunks))
+    assert checksums(server_b.port) == reading
+
+
+@pytest.mark.slow
+def test_a_killed_first_attempts_successor_reads_what_it_left(rt, settings, monkeypatch):
+    """A fresh run's pins chunk is killed after its first slice's objects; one of those pins
+    is then made invalid in the legacy data. The second attempt (fence 2) reads the target,
+    finds the pin's object, and retires it."""
+    params, chunks = _plan(settings, rt)
+    run_id = rt.ledger.create_run("migrate", "none", params, chunks)
+    pin_chunk = next(i for i, c in enumerate(chunks)
+                     if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
+    for c in range(pin_chunk):
+        assert lifecycle.execute(rt, run_id, c) == "done"
+    written: list = []
+    real = writer.write_shards
+    monkeypatch.setenv("FARM_LEASE_SECONDS", "1")
+    monkeypatch.setattr(writer, "write_shards", partial(_die_at_second_slice, written, real))
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.execute(rt, run_id, pin_chunk)
+    monkeypatch.setattr(writer, "write_shards", real)
+    time.sleep(1.2)  # the killed attempt's lease expires
+    pin = _small_pin(written[0])
+    assert _active_pin_slots(rt.router, pin) == 1
+    with _invalid_pin(settings, pin):
+        _run_all_from(rt, run_id, pin_chunk, len(chunks))
+        assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
+        assert _active_pin_slots(rt.router, pin) == 0
+
+
+@pytest.mark.slow
+def test_a_run_planned_before_the_latest_reads_the_target(rt, settings):
+    """Run A is planned on an empty target, then run B, which loads everything; a pin is
+    made invalid in the legacy data. A's pins chunks, though each is on its first claim,
+    read the target (B wrote after A's plan) and retire the pin."""
+    params, chunks = _plan(settings, rt)
+    older = rt.ledger.create_run("migrate", "none", params, chunks)
+    _run_all(rt, rt.ledger.create_run("migrate", "none", params, chunks), len(chunks))
+    pin = _loaded_pin(rt.router)
+    with _invalid_pin(settings, pin):
+        for c in (i for i, c in enumerate(chunks) if c.kind == "pins"):
+            assert lifecycle.execute(rt, older, c) == "done"
+        assert _active_pin_slots(rt.router, pin) == 0
+
+
+def _run_all_from(rt, run_id: str, first: int, n: int) -> None:
+    for c in range(first, n):
+        assert lifecycle.execute(rt, run_id, c) == "done"
+
+
+def _die_at_second_slice(written: list, real, router, token, rows, **kw):
+    """``write_shards`` writing the first slice's objects (kept in ``written``), then killed
+    (``KeyboardInterrupt``: like SIGKILL, nothing recorded) at the second slice."""
+    if written:
+        raise KeyboardInterrupt("worker killed")
+    real(router, token, rows, **kw)
+    written.append(rows)
+
+
+def _small_pin(rows) -> int:
+    """A legacy ID below 2**35 among the pin objects of ``rows``."""
+    return next(r[2] for objs in rows.objects.values() for r in objs if 0 < r[2] < 1 << 35)
+
+
+def _loaded_pin(router) -> int:
+    """The legacy ID of an active pin object whose local ID it is (below 2**35)."""
+    s = min(router.shardmap.shards())
+    return int(router.run(s, lambda cur: (cur.execute(
+        f"SELECT MIN(local_id) FROM `{shard_db(s)}`.`pins` WHERE active = 1 AND local_id < %s",
+        (1 << 35,)), cur.fetchone())[1])[0])
+
+
+def _active_pin_slots(router, pin: int) -> int:
+    """Active pin objects at local ID ``pin`` on any shard."""
+    return sum(router.run(s, lambda cur, s=s: (cur.execute(
+        f"SELECT COUNT(*) FROM `{shard_db(s)}`.`pins` WHERE local_id = %s AND active = 1",
+        (pin,)), cur.fetchone())[1])[0] for s in router.shardmap.shards())
+
+
+class _invalid_pin:
+    """Within: legacy pin ``pin`` has no ``created_at`` (invalid: quarantined); put back after."""
+
+    def __init__(self, settings, pin: int) -> None:
+        self.conn = pymysql.connect(**dsn_kwargs(settings.legacy_dsn), autocommit=True)
+        self.pin = pin
+
+    def __enter__(self) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT created_at FROM pins WHERE id = %s", (self.pin,))
+            self.was = cur.fetchone()[0]
+            cur.execute("UPDATE pins SET created_at = NULL WHERE id = %s", (self.pin,))
+
+    def __exit__(self, *exc) -> None:
+        with self.conn.cursor() as cur:
+            cur.execute("UPDATE pins SET created_at = %s WHERE id = %s", (self.was, self.pin))
+        self.conn.close()
