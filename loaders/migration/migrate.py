@@ -73,10 +73,10 @@ def first_load(ctx: ChunkContext, table: str) -> bool:
     without reading it: ``table`` was fresh when the run was planned (``fresh_tables``),
     the run is still the latest migrate run (no run planned after it has written), and this
     is the chunk's first claim (fence 1: no earlier attempt, nor a zombie of one, has
-    written). Then the target holds, of the
-    chunk's range, only what other chunks of the run allocated for legacy IDs of 2**35 and
-    above (placeholders and their ``legacy_id_map`` rows, which the slot survey and the
-    upserts take as they are) and nothing to take out: what reading it would have found."""
+    written). Then the target holds, of the chunk's range, only what other chunks of the
+    run allocated for legacy IDs of 2**35 and above (placeholders and their
+    ``legacy_id_map`` rows, which the slot survey and the upserts take as they are) and
+    nothing to take out: a read would change nothing the chunk leaves."""
     return (table in ctx.params.get("fresh", ()) and ctx.token.fence == 1
             and ctx.ledger.latest_run("migrate") == ctx.run_id)
 
