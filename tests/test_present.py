@@ -94,3 +94,29 @@ def test_union_statements_stay_within_their_parts_and_parameters():
         params = sum(len(p) for _, p in g)
         assert len(g) <= UNION_PARTS and (params <= MAX_PARAMS or len(g) == 1)
     assert [len(g) for g in groups] == [UNION_PARTS, 6, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("where, queries", [(None, 8), (3, 1), (63, 8)],
+                         ids=["none", "first-query", "last-query"])
+def test_any_row_sends_queries_until_one_finds_a_row(router, monkeypatch, where, queries):
+    """``any_row`` over the 64 test buckets in queries of 8 parts: it stops at the first
+    query that returns a row (the planner's ``holds_nothing`` on a loaded target)."""
+    from loaders.migration import present
+    monkeypatch.setattr(present, "UNION_PARTS", 8)
+    sent = []
+    real = router.query
+    monkeypatch.setattr(router, "query", lambda *a, **k: sent.append(1) or real(*a, **k))
+    q = "legacy_id_map"
+    if where is not None:
+        router.run_mod(where, lambda cur: cur.execute(
+            f"INSERT INTO {mod_table(where, q)} (type_id, legacy_id, new_id) VALUES (1, %s, 1)",
+            (LEGACY,)))
+    try:
+        found = present.any_row(router, list(range(router.shardmap.buckets)),
+                                router.shardmap.mod_master, lambda b: (
+            f"(SELECT 1 FROM {mod_table(b, q)} WHERE legacy_id = {LEGACY} LIMIT 1)", []))
+    finally:
+        if where is not None:
+            router.run_mod(where, lambda cur: cur.execute(
+                f"DELETE FROM {mod_table(where, q)} WHERE legacy_id = %s", (LEGACY,)))
+    assert (found, len(sent)) == (where is not None, queries)

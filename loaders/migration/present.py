@@ -17,7 +17,7 @@ target is indexed by it without a scan of everything:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from loaders.migration.newids import SMALL_LIMIT, fits
@@ -99,18 +99,32 @@ def union_read(router: Router, numbers: list[int], host_of: Callable,
                part: Callable[[int], tuple[str, list]]) -> list[tuple]:
     """Rows of ``part(n)`` (a SELECT and its parameters) for every shard or bucket ``n``,
     as ``UNION ALL`` queries of up to ``UNION_PARTS`` parts per server."""
+    out: list[tuple] = []
+    for rows in _union_reads(router, numbers, host_of, part):
+        out += rows
+    return out
+
+
+def any_row(router: Router, numbers: list[int], host_of: Callable,
+            part: Callable[[int], tuple[str, list]]) -> bool:
+    """Whether ``part(n)`` has a row for any ``n``: ``union_read``'s queries, sent until
+    one returns a row."""
+    return any(_union_reads(router, numbers, host_of, part))
+
+
+def _union_reads(router: Router, numbers: list[int], host_of: Callable,
+                 part: Callable[[int], tuple[str, list]]) -> Iterator[list[tuple]]:
+    """The rows of ``union_read``'s queries, one query at a time, as they are sent."""
     by_server: dict[tuple, list[int]] = defaultdict(list)
     hosts = {}
     for n in numbers:
         h = host_of(n)
         hosts[h.server] = h
         by_server[h.server].append(n)
-    out: list[tuple] = []
     for server, ns in by_server.items():
         for group in _groups([part(n) for n in ns]):
-            out += router.query(hosts[server], " UNION ALL ".join(s for s, _ in group),
-                                [p for _, ps in group for p in ps])
-    return out
+            yield router.query(hosts[server], " UNION ALL ".join(s for s, _ in group),
+                               [p for _, ps in group for p in ps])
 
 
 def _groups(sqls: list[tuple[str, list]]) -> list[list[tuple[str, list]]]:
@@ -148,15 +162,18 @@ def holds_nothing(router: Router, table: str, type_name: str | None,
     """Whether the target holds nothing at all of a legacy table: no row (active or not) in
     its object table ``table`` (of ``type_name``; ``None``: a link table) on any shard, no
     ``legacy_id_map`` row of its type in any bucket, no row of a link table's forward
-    ``mapping_tables``. A ``LIMIT 1`` index read per shard or bucket and table."""
+    ``mapping_tables``. A ``LIMIT 1`` index read per shard or bucket and table, until one
+    finds a row."""
+    m = router.shardmap
+    shards = list(m.shards())
     for name in [table] if type_name else mapping_tables:
-        if shard_read(router, lambda s, name=name: (
+        if any_row(router, shards, router.host_for, lambda s, name=name: (
                 f"(SELECT 1 FROM {shard_table(s, name)} LIMIT 1)", [])):
             return False
     if type_name is None:
         return True
-    m, t = router.shardmap, ids.TYPES[type_name]
-    return not union_read(router, list(range(m.buckets)), m.mod_master, lambda b: (
+    t = ids.TYPES[type_name]
+    return not any_row(router, list(range(m.buckets)), m.mod_master, lambda b: (
         f"(SELECT 1 FROM {mod_table(b, 'legacy_id_map')} WHERE type_id = {t} LIMIT 1)", []))
 
 
