@@ -100,7 +100,7 @@ def test_union_statements_stay_within_their_parts_and_parameters():
                          ids=["none", "first-query", "last-query"])
 def test_any_row_sends_queries_until_one_finds_a_row(router, monkeypatch, where, queries):
     """``any_row`` over the 64 test buckets in queries of 8 parts: it stops at the first
-    query that returns a row (the planner's ``holds_nothing`` on a loaded target)."""
+    query that returns a row (the planner's ``tables_empty`` on a loaded target)."""
     from loaders.migration import present
     monkeypatch.setattr(present, "UNION_PARTS", 8)
     sent = []

@@ -58,14 +58,19 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
 
 
 def fresh_tables(router: Router, ledger: Ledger) -> list[str]:
-    """The legacy tables the target holds nothing of (``present.holds_nothing``), as a run's
-    plan finds them: a chunk of one of them may skip reading what the target holds for its
-    range on its first attempt (``first_load``). None while another migrate run is running
-    or paused (its chunks may write any range meanwhile)."""
+    """The legacy tables the target holds nothing of, as a run's plan finds them: of an
+    object table no row (active or not) on any shard and no ``legacy_id_map`` row of its
+    type, of a link table no row of its forward mapping tables. A chunk of one may skip
+    reading what the target holds for its range on its first attempt (``first_load``).
+    None while another migrate run is running or paused (its chunks may write any range
+    meanwhile)."""
     if ledger.runs(limit=1, active_only=True, kind="migrate"):
         return []
-    return [t for t in ORDER if present.holds_nothing(
-        router, t, SPEC[t].type_name, tuple(m.table for m in SPEC[t].mappings))]
+    mapped = present.mapped_types(router)
+    return [t for t in ORDER if (SPEC[t].type_name is None or
+                                 ids.TYPES[SPEC[t].type_name] not in mapped)
+            and present.tables_empty(router, (t,) if SPEC[t].is_object
+                                     else tuple(m.table for m in SPEC[t].mappings))]
 
 
 def first_load(ctx: ChunkContext, table: str) -> bool:

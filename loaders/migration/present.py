@@ -157,24 +157,20 @@ def shard_read(router: Router, part: Callable[[int], tuple[str, list]]) -> list[
     return union_read(router, list(router.shardmap.shards()), router.host_for, part)
 
 
-def holds_nothing(router: Router, table: str, type_name: str | None,
-                  mapping_tables: tuple[str, ...]) -> bool:
-    """Whether the target holds nothing at all of a legacy table: no row (active or not) in
-    its object table ``table`` (of ``type_name``; ``None``: a link table) on any shard, no
-    ``legacy_id_map`` row of its type in any bucket, no row of a link table's forward
-    ``mapping_tables``. A ``LIMIT 1`` index read per shard or bucket and table, until one
-    finds a row."""
+def mapped_types(router: Router) -> set[int]:
+    """The object types that have a ``legacy_id_map`` row in some bucket (one index read a
+    bucket: the distinct first primary-key column)."""
     m = router.shardmap
-    shards = list(m.shards())
-    for name in [table] if type_name else mapping_tables:
-        if any_row(router, shards, router.host_for, lambda s, name=name: (
-                f"(SELECT 1 FROM {shard_table(s, name)} LIMIT 1)", [])):
-            return False
-    if type_name is None:
-        return True
-    t = ids.TYPES[type_name]
-    return not any_row(router, list(range(m.buckets)), m.mod_master, lambda b: (
-        f"(SELECT 1 FROM {mod_table(b, 'legacy_id_map')} WHERE type_id = {t} LIMIT 1)", []))
+    return {int(t) for t, in union_read(router, list(range(m.buckets)), m.mod_master, lambda b: (
+        f"SELECT DISTINCT type_id FROM {mod_table(b, 'legacy_id_map')}", []))}
+
+
+def tables_empty(router: Router, tables: tuple[str, ...]) -> bool:
+    """Whether shard table ``tables`` hold no row (active or not) on any shard: a ``LIMIT 1``
+    read per shard and table, until one finds a row."""
+    shards = list(router.shardmap.shards())
+    return not any(any_row(router, shards, router.host_for, lambda s, name=name: (
+        f"(SELECT 1 FROM {shard_table(s, name)} LIMIT 1)", [])) for name in tables)
 
 
 def mapped_ids(router: Router, type_name: str, sel: Selection) -> dict[int, int]:
