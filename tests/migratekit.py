@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pymysql
+import redis
 
 from sharding.schema import (
     MAPPING_TABLES,
@@ -14,7 +15,7 @@ from sharding.schema import (
     mod_db,
     shard_db,
 )
-from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS
+from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS, run_farm
 
 TARGET_SHARD_TABLES = [*OBJECT_TABLES, *MAPPING_TABLES, "board_followedby_user_shard",
                        "chunk_fences"]
@@ -29,6 +30,15 @@ def _servers(port_b: int) -> dict[int, list[str]]:
     out[port_b] += [f"`{mod_db(b)}`.`{t}`" for b in range(TEST_BUCKETS)
                     for t in [*MOD_TABLES, *MOD_FARM_TABLES]]
     return out
+
+
+def generate_legacy(farm_env: dict, settings, port_b: int, users: int, seed: int) -> None:
+    """Redis emptied, the target emptied, a legacy database of ``users`` generated."""
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    truncate_target(port_b)
+    out = run_farm(farm_env, "legacy", "generate", "--users", str(users), "--seed", str(seed),
+                   "--replace")
+    assert out.returncode == 0, out.stderr
 
 
 def dsn_kwargs(dsn) -> dict:

@@ -11,7 +11,6 @@ from functools import partial
 
 import pymysql
 import pytest
-import redis
 
 from jobs import lifecycle
 from jobs.runtime import Runtime
@@ -20,8 +19,7 @@ from loaders.migration import present, writer
 from loaders.migration.spec import ORDER
 from sharding import ids
 from sharding.schema import mod_db, shard_db
-from tests.conftest import run_farm
-from tests.migratekit import checksums, dsn_kwargs, truncate_target
+from tests.migratekit import checksums, dsn_kwargs, generate_legacy, truncate_target
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +27,8 @@ def legacy_db(farm_env, settings, server_b, router, ledger):
     """A generated legacy database and an empty target; the migrate runs earlier tests
     left running or parked are cancelled (they would keep every plan from finding a
     table fresh); the target emptied after."""
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    for run_id in ledger.runs(limit=1000, active_only=True, kind="migrate"):
-        ledger.cancel(run_id)
-        ledger.refresh_status(run_id)
-    truncate_target(server_b.port)
-    out = run_farm(farm_env, "legacy", "generate", "--users", "120", "--seed", "5",
-                   "--replace")
-    assert out.returncode == 0, out.stderr
+    _end_migrate_runs(ledger)
+    generate_legacy(farm_env, settings, server_b.port, 120, 5)
     yield
     truncate_target(server_b.port)
 
@@ -47,10 +39,15 @@ def rt(settings, legacy_db, server_b):
     r = Runtime(settings.with_(redis_url=settings.redis_url))
     truncate_target(server_b.port)
     yield r
-    for run_id in r.ledger.runs(limit=100, active_only=True, kind="migrate"):
-        r.ledger.cancel(run_id)
-        r.ledger.refresh_status(run_id)
+    _end_migrate_runs(r.ledger)
     r.close()
+
+
+def _end_migrate_runs(ledger) -> None:
+    """Cancel every migrate run still running or paused."""
+    for run_id in ledger.runs(limit=1000, active_only=True, kind="migrate"):
+        ledger.cancel(run_id)
+        ledger.refresh_status(run_id)
 
 
 def _plan(settings, rt) -> tuple[dict, list]:

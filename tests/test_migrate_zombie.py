@@ -2,7 +2,6 @@
 
 import pymysql
 import pytest
-import redis
 
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
@@ -12,19 +11,14 @@ from shardfarm.errors import FencedError
 from sharding.fencing import FenceToken
 from sharding.ids import MAX_LOCAL
 from sharding.modshard import bucket_of
-from tests.conftest import run_farm
-from tests.migratekit import dsn_kwargs, truncate_target, users_named
+from tests.migratekit import dsn_kwargs, generate_legacy, truncate_target, users_named
 
 
 @pytest.fixture(scope="module")
 def legacy_users(farm_env, settings, server_b, router, ledger):
     """A generated legacy database, the test map's and the control databases created
     (``router``, ``ledger``), the target emptied before and after."""
-    redis.Redis.from_url(settings.redis_url).flushdb()
-    truncate_target(server_b.port)
-    out = run_farm(farm_env, "legacy", "generate", "--users", "250", "--seed", "11",
-                   "--replace")
-    assert out.returncode == 0, out.stderr
+    generate_legacy(farm_env, settings, server_b.port, 250, 11)
     yield
     truncate_target(server_b.port)
 
