@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable, Iterable
 
 import pymysql
+import pytest
 import redis
 
+from jobs import lifecycle
+from loaders.migration import writer
 from sharding.schema import (
     MAPPING_TABLES,
     MOD_FARM_TABLES,
@@ -93,3 +98,33 @@ def last_json(stdout: str) -> dict:
     """The JSON summary a ``--wait`` command prints last."""
     return json.loads(stdout.strip().splitlines()[-1])
 
+
+
+def run_inline(rt, run_id: str, chunks: Iterable[int]) -> list[str]:
+    """Execute ``chunks`` of run ``run_id`` in this process, in order, as a worker does;
+    what ``lifecycle.execute`` returned for each."""
+    return [lifecycle.execute(rt, run_id, c) for c in chunks]
+
+
+def killed(rt, run_id: str, chunk: int, killer: Callable, monkeypatch) -> None:
+    """Run ``chunk`` with ``writer.write_shards`` replaced by ``killer(real)``, which raises
+    ``KeyboardInterrupt`` (not an Exception: like SIGKILL, nothing is recorded), then let
+    the dead attempt's lease expire."""
+    real = writer.write_shards
+    monkeypatch.setenv("FARM_LEASE_SECONDS", "1")
+    monkeypatch.setattr(writer, "write_shards", killer(real))
+    with pytest.raises(KeyboardInterrupt):
+        lifecycle.execute(rt, run_id, chunk)
+    monkeypatch.setattr(writer, "write_shards", real)
+    time.sleep(1.2)
+
+
+def die_at_second_slice(written: list, real: Callable) -> Callable:
+    """A ``write_shards`` that writes the first slice's rows (kept in ``written``) and is
+    killed at the second."""
+    def write(router, token, rows, **kw):
+        if written:
+            raise KeyboardInterrupt("worker killed")
+        real(router, token, rows, **kw)
+        written.append(rows)
+    return write

@@ -7,22 +7,28 @@ without importing the loader.
 import itertools
 import json
 import os
-import time
 from functools import partial
 
 import pymysql
 import pytest
 import redis
 
-from jobs import lifecycle
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
-from loaders.migration import writer
 from sharding.ids import MAX_LOCAL
 from tests.conftest import run_farm
 from tests.contract_checker import check_migration
 from tests.farmkit import start_workers, stop
-from tests.migratekit import checksums, dsn_kwargs, last_json, quarantine_rows, truncate_target
+from tests.migratekit import (
+    checksums,
+    die_at_second_slice,
+    dsn_kwargs,
+    killed,
+    last_json,
+    quarantine_rows,
+    run_inline,
+    truncate_target,
+)
 
 USERS = 250
 
@@ -130,12 +136,6 @@ def test_verify_reports_corruption_with_legacy_key(migrated, farm_env, settings,
     assert run_farm(farm_env, "verify", timeout=600).returncode == 0
 
 
-def _run_all_inline(rt, run_id, n_chunks):
-    from jobs import lifecycle
-    for c in range(n_chunks):
-        lifecycle.execute(rt, run_id, c)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("sliced", [False, True], ids=["half-way", "between-slices"])
 def test_chunk_killed_then_rerun_matches_a_clean_run(migrated, settings, server_b, router,
@@ -156,11 +156,11 @@ def test_chunk_killed_then_rerun_matches_a_clean_run(migrated, settings, server_
         truncate_target(server_b.port)
         run_id = rt.ledger.create_run("migrate", "none", params, chunks)
         written: list = []
-        _killed(rt, run_id, pin_chunk, partial(_die_at_second_slice, written) if sliced
+        killed(rt, run_id, pin_chunk, partial(die_at_second_slice, written) if sliced
                 else _die_half_way, monkeypatch)
         if sliced:
             _assert_only_objects_written(router, written[0])
-        _run_all_inline(rt, run_id, len(chunks))
+        run_inline(rt, run_id, range(len(chunks)))
         assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
         assert rt.ledger.refresh_status(run_id) == "done"
         assert checksums(server_b.port) == clean
@@ -212,10 +212,10 @@ def test_a_moved_pin_loses_its_old_board_row_though_its_chunk_is_killed_after_it
         with legacy.cursor() as cur:
             cur.execute("UPDATE pins SET board_id = %s WHERE id = %s", (new, pin))
         run_id = rt.ledger.create_run("migrate", "none", params, chunks)
-        _killed(rt, run_id, pin_chunk, partial(_die_at_second_slice, []), monkeypatch)
+        killed(rt, run_id, pin_chunk, partial(die_at_second_slice, []), monkeypatch)
         assert _boards_of_pin(router, pin) == set()  # gone with its slice (the new row
         #                                              waits for the chunk's end)
-        _run_all_inline(rt, run_id, len(chunks))
+        run_inline(rt, run_id, range(len(chunks)))
         assert rt.ledger.refresh_status(run_id) == "done"
         assert _boards_of_pin(router, pin) == {new}
     finally:
@@ -241,31 +241,7 @@ def _plan(settings, rt, chunk_rows: int, slice_rows: int | None = None) -> tuple
 def _fresh_run(rt, params: dict, chunks: list, port_b: int) -> None:
     """Every chunk of a new run, in order, on an empty target."""
     truncate_target(port_b)
-    _run_all_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks), len(chunks))
-
-
-def _killed(rt, run_id: str, chunk: int, killer, monkeypatch) -> None:
-    """Run ``chunk`` with ``writer.write_shards`` replaced by ``killer(real)``, which raises
-    ``KeyboardInterrupt`` (not an Exception: like SIGKILL, nothing is recorded), then let
-    the dead attempt's lease expire."""
-    real = writer.write_shards
-    monkeypatch.setenv("FARM_LEASE_SECONDS", "1")
-    monkeypatch.setattr(writer, "write_shards", killer(real))
-    with pytest.raises(KeyboardInterrupt):
-        lifecycle.execute(rt, run_id, chunk)
-    monkeypatch.setattr(writer, "write_shards", real)
-    time.sleep(1.2)
-
-
-def _die_at_second_slice(written: list, real):
-    """A ``write_shards`` that writes the first slice's rows (kept in ``written``) and is
-    killed at the second."""
-    def write(router, token, rows, **kw):
-        if written:
-            raise KeyboardInterrupt("worker killed")
-        real(router, token, rows, **kw)
-        written.append(rows)
-    return write
+    run_inline(rt, rt.ledger.create_run("migrate", "none", params, chunks), range(len(chunks)))
 
 
 def _movable_pin(router, legacy, first_slice: list[int]) -> tuple[int, int, int]:

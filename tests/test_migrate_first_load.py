@@ -6,20 +6,26 @@ these tests kill a first attempt, or plan a run before another, and change the l
 in between, so that only a read of the target can take out what is stale.
 """
 
-import time
 from functools import partial
 
 import pymysql
 import pytest
 
-from jobs import lifecycle
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
-from loaders.migration import present, writer
+from loaders.migration import present
 from loaders.migration.spec import ORDER
 from sharding import ids
 from sharding.schema import mod_db, shard_db
-from tests.migratekit import checksums, dsn_kwargs, generate_legacy, truncate_target
+from tests.migratekit import (
+    checksums,
+    die_at_second_slice,
+    dsn_kwargs,
+    generate_legacy,
+    killed,
+    run_inline,
+    truncate_target,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +63,6 @@ def _plan(settings, rt) -> tuple[dict, list]:
     return params, chunks
 
 
-def _run_all(rt, run_id: str, n: int) -> None:
-    for c in range(n):
-        assert lifecycle.execute(rt, run_id, c) == "done"
-
-
 @pytest.mark.slow
 def test_a_plan_names_the_tables_the_target_holds_nothing_of(rt, server_b):
     """Any row of a table (an inactive object, a ``legacy_id_map`` row of its type, a link
@@ -92,8 +93,8 @@ def test_a_first_load_reads_nothing_and_writes_what_a_reading_one_does(rt, serve
     and leave exactly what the same chunks leave when they read it."""
     params, chunks = _plan(rt.settings, rt)
     assert params["fresh"] == list(ORDER)
-    _run_all(rt, rt.ledger.create_run("migrate", "none", {**params, "fresh": []}, chunks),
-             len(chunks))
+    reread = rt.ledger.create_run("migrate", "none", {**params, "fresh": []}, chunks)
+    assert set(run_inline(rt, reread, range(len(chunks)))) == {"done"}
     reading = checksums(server_b.port)
     truncate_target(server_b.port)
 
@@ -101,7 +102,8 @@ def test_a_first_load_reads_nothing_and_writes_what_a_reading_one_does(rt, serve
         raise AssertionError("a first load read the target")
     monkeypatch.setattr(present, "held_objects", unread)
     monkeypatch.setattr(present, "held_links", unread)
-    _run_all(rt, rt.ledger.create_run("migrate", "none", params, chunks), len(chunks))
+    fresh = rt.ledger.create_run("migrate", "none", params, chunks)
+    assert set(run_inline(rt, fresh, range(len(chunks)))) == {"done"}
     assert checksums(server_b.port) == reading
 
 
@@ -114,20 +116,13 @@ def test_a_killed_first_attempts_successor_reads_what_it_left(rt, settings, monk
     run_id = rt.ledger.create_run("migrate", "none", params, chunks)
     pin_chunk = next(i for i, c in enumerate(chunks)
                      if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
-    for c in range(pin_chunk):
-        assert lifecycle.execute(rt, run_id, c) == "done"
+    assert run_inline(rt, run_id, range(pin_chunk)) == ["done"] * pin_chunk
     written: list = []
-    real = writer.write_shards
-    monkeypatch.setenv("FARM_LEASE_SECONDS", "1")
-    monkeypatch.setattr(writer, "write_shards", partial(_die_at_second_slice, written, real))
-    with pytest.raises(KeyboardInterrupt):
-        lifecycle.execute(rt, run_id, pin_chunk)
-    monkeypatch.setattr(writer, "write_shards", real)
-    time.sleep(1.2)  # the killed attempt's lease expires
+    killed(rt, run_id, pin_chunk, partial(die_at_second_slice, written), monkeypatch)
     pin = _small_pin(written[0])
     assert _active_pin_slots(rt.router, pin) == 1
     with _invalid_pin(settings, pin):
-        _run_all_from(rt, run_id, pin_chunk, len(chunks))
+        assert set(run_inline(rt, run_id, range(pin_chunk, len(chunks)))) == {"done"}
         assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
         assert _active_pin_slots(rt.router, pin) == 0
 
@@ -139,26 +134,13 @@ def test_a_run_planned_before_the_latest_reads_the_target(rt, settings):
     read the target (B wrote after A's plan) and retire the pin."""
     params, chunks = _plan(settings, rt)
     older = rt.ledger.create_run("migrate", "none", params, chunks)
-    _run_all(rt, rt.ledger.create_run("migrate", "none", params, chunks), len(chunks))
+    fresh = rt.ledger.create_run("migrate", "none", params, chunks)
+    assert set(run_inline(rt, fresh, range(len(chunks)))) == {"done"}
     pin = _loaded_pin(rt.router)
     with _invalid_pin(settings, pin):
-        for c in (i for i, c in enumerate(chunks) if c.kind == "pins"):
-            assert lifecycle.execute(rt, older, c) == "done"
+        pins = [i for i, c in enumerate(chunks) if c.kind == "pins"]
+        assert run_inline(rt, older, pins) == ["done"] * len(pins)
         assert _active_pin_slots(rt.router, pin) == 0
-
-
-def _run_all_from(rt, run_id: str, first: int, n: int) -> None:
-    for c in range(first, n):
-        assert lifecycle.execute(rt, run_id, c) == "done"
-
-
-def _die_at_second_slice(written: list, real, router, token, rows, **kw):
-    """``write_shards`` writing the first slice's objects (kept in ``written``), then killed
-    (``KeyboardInterrupt``: like SIGKILL, nothing recorded) at the second slice."""
-    if written:
-        raise KeyboardInterrupt("worker killed")
-    real(router, token, rows, **kw)
-    written.append(rows)
 
 
 def _small_pin(rows) -> int:

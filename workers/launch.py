@@ -96,8 +96,7 @@ def migrate(rt: Runtime, chunk_rows: int = migration.DEFAULT_CHUNK_ROWS,
     """
     params, chunks = _planned(
         rt, lambda: migration.plan_source(rt.settings, chunk_rows, slice_rows))
-    params = {"open_shards": migration.open_shards(rt.router, rt.ledger),
-              "fresh": migration.fresh_tables(rt.router, rt.ledger), **params}
+    params = migration.run_params(rt.router, rt.ledger, params)
     if busy := busy_migration_note(rt):
         notice(busy)
     return _start(rt, "migrate", migration.HANDLER, chunks, _throttled(params, max_lag),

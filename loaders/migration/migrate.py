@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from farmcore.context import ChunkContext
 from farmcore.ledger import ChunkSpec, Ledger, Outcome
-from loaders.migration import binlog, claims, converge, present, writer
+from loaders.migration import binlog, claims, converge, present, runwatch, writer
 from loaders.migration.build import Builder, TargetRows
 from loaders.migration.legacy import LegacyReader
 from loaders.migration.newids import IdCache, NewIds
@@ -53,8 +53,14 @@ def plan(settings: Settings, router: Router, ledger: Ledger,
          ) -> tuple[dict, list[ChunkSpec]]:
     """Run parameters and chunks of a migration of the whole legacy database."""
     params, chunks = plan_source(settings, chunk_rows, slice_rows)
+    return run_params(router, ledger, params), chunks
+
+
+def run_params(router: Router, ledger: Ledger, source_params: dict) -> dict:
+    """A run's parameters: ``plan_source``'s, with what the target and the ledger say at
+    planning time (the open shards, the fresh tables)."""
     return {"open_shards": open_shards(router, ledger), "fresh": fresh_tables(router, ledger),
-            **params}, chunks
+            **source_params}
 
 
 def fresh_tables(router: Router, ledger: Ledger) -> list[str]:
@@ -64,7 +70,7 @@ def fresh_tables(router: Router, ledger: Ledger) -> list[str]:
     reading what the target holds for its range on its first attempt (``first_load``).
     None while another migrate run is running or paused (its chunks may write any range
     meanwhile)."""
-    if ledger.runs(limit=1, active_only=True, kind="migrate"):
+    if ledger.runs(limit=1, active_only=True, kind=runwatch.KIND):
         return []
     mapped = present.mapped_types(router)
     return [t for t in ORDER if (SPEC[t].type_name is None or
@@ -83,7 +89,7 @@ def first_load(ctx: ChunkContext, table: str) -> bool:
     ``legacy_id_map`` rows, which the slot survey and the upserts take as they are) and
     nothing to take out: a read would change nothing the chunk leaves."""
     return (table in ctx.params.get("fresh", ()) and ctx.token.fence == 1
-            and ctx.ledger.latest_run("migrate") == ctx.run_id)
+            and ctx.ledger.latest_run(runwatch.KIND) == ctx.run_id)
 
 
 def plan_source(settings: Settings, chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -153,7 +159,7 @@ def open_shards(router: Router, ledger: Ledger) -> list[int]:
     Later runs reuse the first run's list, so re-running after new shards were
     opened never moves a user (new users of the application go to the new shards).
     """
-    first = ledger.latest_run("migrate")
+    first = ledger.latest_run(runwatch.KIND)
     if first:
         return ledger.run(first)["params"]["open_shards"]
     shards = router.shardmap.open_shards()
