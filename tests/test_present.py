@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from threading import Event
 
 import pytest
 
+from loaders.migration import present
 from loaders.migration.present import Selection, held_links, held_objects
 from sharding import ids
 from sharding.modshard import bucket_of, legacy_key
@@ -86,14 +88,14 @@ def test_a_selection_of_pairs_reads_only_those_pairs(router, monkeypatch):
 
 def test_union_statements_stay_within_their_parts_and_parameters():
     """Parts of different sizes (a pair filter's parameters vary) are cut by both limits."""
-    from loaders.migration.present import MAX_PARAMS, UNION_PARTS, _groups
-    sizes = [1] * (UNION_PARTS + 5) + [MAX_PARAMS // 2 + 1] * 3 + [MAX_PARAMS + 7, 2]
-    groups = _groups([(f"p{i}", [0] * n) for i, n in enumerate(sizes)])
+    parts, most = present.UNION_PARTS, present.MAX_PARAMS
+    sizes = [1] * (parts + 5) + [most // 2 + 1] * 3 + [most + 7, 2]
+    groups = present._groups([(f"p{i}", [0] * n) for i, n in enumerate(sizes)])
     assert [s for g in groups for s, _ in g] == [f"p{i}" for i in range(len(sizes))]
     for g in groups:
         params = sum(len(p) for _, p in g)
-        assert len(g) <= UNION_PARTS and (params <= MAX_PARAMS or len(g) == 1)
-    assert [len(g) for g in groups] == [UNION_PARTS, 6, 1, 1, 1, 1]
+        assert len(g) <= parts and (params <= most or len(g) == 1)
+    assert [len(g) for g in groups] == [parts, 6, 1, 1, 1, 1]
 
 
 @pytest.mark.parametrize("where, queries", [(None, 8), (3, 1), (63, 8)],
@@ -101,7 +103,6 @@ def test_union_statements_stay_within_their_parts_and_parameters():
 def test_any_row_sends_queries_until_one_finds_a_row(router, monkeypatch, where, queries):
     """``any_row`` over the 64 test buckets in queries of 8 parts: it stops at the first
     query that returns a row (the planner's ``tables_empty`` on a loaded target)."""
-    from loaders.migration import present
     monkeypatch.setattr(present, "UNION_PARTS", 8)
     sent = []
     real = router.query
@@ -120,3 +121,41 @@ def test_any_row_sends_queries_until_one_finds_a_row(router, monkeypatch, where,
             router.run_mod(where, lambda cur: cur.execute(
                 f"DELETE FROM {mod_table(where, q)} WHERE legacy_id = %s", (LEGACY,)))
     assert (found, len(sent)) == (where is not None, queries)
+
+
+@pytest.mark.parametrize("first_only, sent", [(True, (1, 1)), (False, (8, 8))],
+                         ids=["first-only", "all"])
+def test_scan_reads_the_servers_at_once_and_stops_both_at_a_row(router, monkeypatch,
+                                                                first_only, sent):
+    """``scan`` over the 16 test shards (8 on each server) in queries of one part; only the
+    first shard of server A has a row. A's first query waits until B has sent its first (so
+    the servers are read at once: one after the other never gets there), and B's first is
+    held until A's thread has recorded that row: with ``first_only`` each server then sends
+    no more (one query each), without it every shard is read; the rows are A's one row."""
+    monkeypatch.setattr(present, "UNION_PARTS", 1)
+    recorded = Event()
+
+    class Recorded(Event):
+        def set(self) -> None:
+            super().set()
+            recorded.set()
+    monkeypatch.setattr(present, "Event", Recorded)
+    a, b = (router.host_for(lo).server for lo, _ in (SHARDS_A, SHARDS_B))
+    count = {a: 0, b: 0}
+    b_sent = Event()
+    real = router.query
+
+    def query(host, sql, params=(), **kw):
+        count[host.server] += 1
+        if host.server == a and count[a] == 1:
+            assert b_sent.wait(30), "server B was not read beside server A"
+        if host.server == b and count[b] == 1:
+            b_sent.set()
+            assert recorded.wait(30), "server A's row was never recorded"
+        return real(host, sql, params, **kw)
+    monkeypatch.setattr(router, "query", query)
+    shards = list(router.shardmap.shards())
+    rows = present.scan(router, shards, router.host_for,
+                        lambda s: (f"(SELECT {s} FROM DUAL WHERE {s} = {SHARDS_A[0]})", []),
+                        first_only=first_only)
+    assert (rows, (count[a], count[b])) == ([(SHARDS_A[0],)], sent)

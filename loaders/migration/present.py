@@ -17,10 +17,13 @@ target is indexed by it without a scan of everything:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from threading import Event
 
 from loaders.migration.newids import SMALL_LIMIT, fits
+from shardfarm.mysql.dsn import Host
 from shardfarm.mysql.inlist import IN_LIST_MAX
 from sharding import ids
 from sharding.jsondoc import loads
@@ -98,33 +101,55 @@ class Held:
 def union_read(router: Router, numbers: list[int], host_of: Callable,
                part: Callable[[int], tuple[str, list]]) -> list[tuple]:
     """Rows of ``part(n)`` (a SELECT and its parameters) for every shard or bucket ``n``,
-    as ``UNION ALL`` queries of up to ``UNION_PARTS`` parts per server."""
-    out: list[tuple] = []
-    for rows in _union_reads(router, numbers, host_of, part):
-        out += rows
-    return out
+    as ``UNION ALL`` queries of up to ``UNION_PARTS`` parts per server, one at a time."""
+    return [row for host, queries in _server_queries(numbers, host_of, part)
+            for sql, params in queries for row in router.query(host, sql, params)]
+
+
+def scan(router: Router, numbers: list[int], host_of: Callable,
+         part: Callable[[int], tuple[str, list]], first_only: bool = False) -> list[tuple]:
+    """``union_read``'s rows, every server read at once (a thread a server, each sending its
+    own queries in order); with ``first_only``, a server sends no more queries once any
+    query has returned a row (the rows read by then are returned). For the planner, whose
+    reads open thousands of tables on each server: the servers open theirs side by side."""
+    per_server = _server_queries(numbers, host_of, part)
+    found = Event()
+    rows: list[tuple] = []
+
+    def read(host: Host, queries: list[tuple[str, list]]) -> None:
+        for sql, params in queries:
+            if first_only and found.is_set():
+                return
+            got = router.query(host, sql, params)
+            rows.extend(got)  # list.extend is atomic under the GIL
+            if got:
+                found.set()
+    with ThreadPoolExecutor(max(1, len(per_server)), thread_name_prefix="scan") as pool:
+        for f in [pool.submit(read, host, queries) for host, queries in per_server]:
+            f.result()
+    return rows
 
 
 def any_row(router: Router, numbers: list[int], host_of: Callable,
             part: Callable[[int], tuple[str, list]]) -> bool:
-    """Whether ``part(n)`` has a row for any ``n``: ``union_read``'s queries, sent until
-    one returns a row."""
-    return any(_union_reads(router, numbers, host_of, part))
+    """Whether ``part(n)`` has a row for any ``n``: ``scan`` with ``first_only``."""
+    return bool(scan(router, numbers, host_of, part, first_only=True))
 
 
-def _union_reads(router: Router, numbers: list[int], host_of: Callable,
-                 part: Callable[[int], tuple[str, list]]) -> Iterator[list[tuple]]:
-    """The rows of ``union_read``'s queries, one query at a time, as they are sent."""
+def _server_queries(numbers: list[int], host_of: Callable,
+                    part: Callable[[int], tuple[str, list]]
+                    ) -> list[tuple[Host, list[tuple[str, list]]]]:
+    """``union_read``'s queries (SQL and parameters) of each server, with a host of it."""
     by_server: dict[tuple, list[int]] = defaultdict(list)
     hosts = {}
     for n in numbers:
         h = host_of(n)
         hosts[h.server] = h
         by_server[h.server].append(n)
-    for server, ns in by_server.items():
-        for group in _groups([part(n) for n in ns]):
-            yield router.query(hosts[server], " UNION ALL ".join(s for s, _ in group),
-                               [p for _, ps in group for p in ps])
+    return [(hosts[server], [(" UNION ALL ".join(s for s, _ in group),
+                              [p for _, ps in group for p in ps])
+                             for group in _groups([part(n) for n in ns])])
+            for server, ns in by_server.items()]
 
 
 def _groups(sqls: list[tuple[str, list]]) -> list[list[tuple[str, list]]]:
@@ -159,15 +184,15 @@ def shard_read(router: Router, part: Callable[[int], tuple[str, list]]) -> list[
 
 def mapped_types(router: Router) -> set[int]:
     """The object types that have a ``legacy_id_map`` row in some bucket (one index read a
-    bucket: the distinct first primary-key column)."""
+    bucket: the distinct first primary-key column; the servers read at once)."""
     m = router.shardmap
-    return {int(t) for t, in union_read(router, list(range(m.buckets)), m.mod_master, lambda b: (
+    return {int(t) for t, in scan(router, list(range(m.buckets)), m.mod_master, lambda b: (
         f"SELECT DISTINCT type_id FROM {mod_table(b, 'legacy_id_map')}", []))}
 
 
 def tables_empty(router: Router, tables: tuple[str, ...]) -> bool:
-    """Whether shard table ``tables`` hold no row (active or not) on any shard: a ``LIMIT 1``
-    read per shard and table, until one finds a row."""
+    """Whether the shard tables ``tables`` hold no row (active or not) on any shard: a ``LIMIT 1``
+    read per shard and table, the servers read at once, until one finds a row."""
     shards = list(router.shardmap.shards())
     return not any(any_row(router, shards, router.host_for, lambda s, name=name: (
         f"(SELECT 1 FROM {shard_table(s, name)} LIMIT 1)", [])) for name in tables)
