@@ -4,8 +4,10 @@ Usage: ``python -m benchmarks.fleet_size [--users 1500] [--shards-per-pair 512]
 [--compare 64] [--kinds migrate,reverse,rebalance,feeds,export]``.
 
 On ``benchmarks._fleet``'s layout (eight host pairs on two private ``mariadbd`` servers,
-a private redis-server): ``farm shards init`` (timed), ``farm legacy generate`` (set-up),
-then for each kind, in order (each builds on the one before):
+a private redis-server): ``farm shards init`` (timed), every table opened once
+(``_fleet.open_every_table``, timed: each reference runs on tables the run before it
+opened, so each run finds them open too), ``farm legacy generate`` (set-up), then for each
+kind, in order (each builds on the one before):
 
 - the planner alone, in this process with no worker running: its seconds and the
   statements it sent (``Questions`` of both servers, before and after);
@@ -152,7 +154,8 @@ def measure(f: Fleet, kinds: list[str], scratch: Path) -> dict[str, dict]:
     """Every kind's planner, run and reference on a built fleet (legacy generated), then the
     no-ops; ``scratch``: the references' files, under the servers' ``secure_file_priv``."""
     rt = Runtime(Settings.from_env(f.env))
-    out: dict[str, dict] = {"shards init": {"seconds": round(f.timings["init"], 1)}}
+    out: dict[str, dict] = {"shards init": {"seconds": round(f.timings["init"], 1)},
+                            "open tables": {"seconds": round(f.timings["open tables"], 1)}}
     try:
         for kind in (k for k in KINDS if k.name in kinds):
             say(f"{kind.name}: planner, then the run with {WORKERS} running workers")
