@@ -99,7 +99,6 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-
 def run_inline(rt, run_id: str, chunks: Iterable[int]) -> list[str]:
     """Execute ``chunks`` of run ``run_id`` in this process, in order, as a worker does;
     what ``lifecycle.execute`` returned for each."""

@@ -1,5 +1,6 @@
 """Reverse rebuild, hotspot rebalance and the follower read/write paths, on two servers."""
 
+import json
 import random
 import threading
 
@@ -10,10 +11,16 @@ from jobs import lifecycle, runs
 from jobs.runtime import Runtime
 from loaders.mappings import rebalance as rebalancer
 from loaders.mappings import reverse as reverser
+from shardfarm.errors import ConfigError
 from sharding import hotspot, ids
 from sharding.mappings import Edge, MappingStore
+from sharding.mapsource import ShardMapSource
+from sharding.router import Router
 from sharding.schema import shard_table
-from tests.conftest import SHARDS_A, SHARDS_B
+from tests.conftest import SHARDS_A, SHARDS_B, run_farm
+from tests.farmkit import start_workers, stop
+from tests.migratekit import run_inline
+from tests.ttykit import in_tty
 
 HOT_SHARD = SHARDS_A[0] + 5
 N_FOLLOWERS = 1200
@@ -53,8 +60,7 @@ def hot_board(router):
 
 def _run_inline(rt, kind, handler, params, chunks):
     run_id = rt.ledger.create_run(kind, "none", {**params, "handler": handler}, chunks)
-    for c in range(len(chunks)):
-        lifecycle.execute(rt, run_id, c)
+    run_inline(rt, run_id, range(len(chunks)))
     assert rt.ledger.refresh_status(run_id) == "done", rt.ledger.failures(run_id)
     return run_id
 
@@ -99,13 +105,11 @@ def test_reader_during_rebalance_sees_every_follower_once(rt, router, hot_board,
     board, expected = hot_board
     _reverse(rt, router, ["board_followedby_users"])
     monkeypatch.setattr(rebalancer, "BATCH", 100)  # many small copy and clean steps
-    seen, stop, errors = [], threading.Event(), []
+    seen, finished, errors = [], threading.Event(), []
 
     def reader():
-        from sharding.mapsource import ShardMapSource
-        from sharding.router import Router
         r = Router(ShardMapSource(router.source.path))
-        while not stop.is_set():
+        while not finished.is_set():
             got = _all_followers(r, board)
             if len(got) != len(set(got)) or set(got) != expected:
                 errors.append((len(got), len(set(got))))
@@ -130,7 +134,7 @@ def test_reader_during_rebalance_sees_every_follower_once(rt, router, hot_board,
         assert [c.args["board"] for c in chunks] == [board]
         _run_inline(rt, "rebalance", rebalancer.HANDLER, params, chunks)
     finally:
-        stop.set()
+        finished.set()
         t.join()
     assert not errors and seen and len(checks) >= 30 and all(checks)
     entry = hotspot.Directory(router).get(board)
@@ -206,7 +210,6 @@ def test_write_path_during_and_after_rebalance(rt, router, hot_board):
 
 
 def test_bad_rebalance_requests(router):
-    from shardfarm.errors import ConfigError
     with pytest.raises(ConfigError, match="cannot rebalance"):
         rebalancer.plan(router, "user_has_pins", 10, 3)
     with pytest.raises(ConfigError, match="spread"):
@@ -225,8 +228,6 @@ def test_a_table_named_twice_is_rebuilt_once(router, hot_board):
 
 @pytest.mark.slow
 def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env):
-    from tests.conftest import run_farm
-    from tests.farmkit import start_workers, stop
     board, _ = hot_board
     workers = start_workers(farm_env, 2)
     try:
@@ -238,13 +239,11 @@ def test_cli_reverse_and_rebalance_with_workers(rt, router, hot_board, farm_env)
     finally:
         stop(workers)
     out = run_farm(farm_env, "followers", str(board), "--limit", "5")
-    import json
     doc = json.loads(out.stdout)
     assert doc["directory"]["state"] == "cleaned" and len(doc["followers"]) == 5
     doc = runs.summary(rt, rt.ledger.latest_run("rebalance"))
     assert doc["loaded"] == {"board_followedby_users": N_FOLLOWERS}
     assert doc["boards"] == [{"board": board, "shards": 3}]  # which boards it moved
-    from tests.ttykit import in_tty
     code, shown = in_tty(farm_env, "summary", doc["run_id"])  # what a person reads
     assert code == 0 and f"board {board} now on 3 shards" in shown
     assert runs.summary(rt, rt.ledger.latest_run("rebalance"))["loaded"] == {
@@ -341,7 +340,6 @@ def test_a_directory_that_lists_the_home_shard_is_refused_not_read_twice(rt, rou
     the write path, the reverse rebuild and a cleanup worked through the entry); now every
     read, write and run through it refuses it in one line naming the table, the board and
     the shard, and no row is written anywhere."""
-    from tests.conftest import run_farm
     board, _ = hot_board
     _reverse(rt, router, ["board_followedby_users"])
     before = sorted(_rows_everywhere(router, board))
@@ -364,8 +362,7 @@ def test_a_directory_that_lists_the_home_shard_is_refused_not_read_twice(rt, rou
     params, chunks = reverser.plan(router, ["board_followedby_users"], chunk_rows=500)
     run_id = rt.ledger.create_run("reverse", "none", {**params, "handler": reverser.HANDLER},
                                   chunks)
-    for c in range(len(chunks)):
-        lifecycle.execute(rt, run_id, c)
+    run_inline(rt, run_id, range(len(chunks)))
     assert rt.ledger.refresh_status(run_id) == "failed"
     failures = rt.ledger.failures(run_id)  # each chunk that writes to the home shard
     assert failures and all(want in str(f) for f in failures), failures

@@ -8,17 +8,26 @@ process (the real handler, real MariaDB on both servers) and inspects the target
 from __future__ import annotations
 
 import json
+import os
 
 import pymysql
 import pytest
 
+from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
 from loaders.migration import verify as verifier
+from loaders.migration import writer
+from loaders.migration.build import TargetRows
+from loaders.migration.claims import SlotChangedError
 from loaders.migration.legacy_schema import create_legacy_schema
 from sharding import ids
+from sharding.mapsource import ShardMapSource
+from sharding.modshard import bucket_of, legacy_key
 from sharding.objects import ObjectStore
+from sharding.router import Router
 from sharding.schema import mod_table, shard_table
-from tests.migratekit import checksums, quarantine_rows, truncate_target
+from tests.conftest import SHARDS_B
+from tests.migratekit import checksums, quarantine_rows, run_inline, truncate_target
 
 BIG = 2**40 + 7  # a legacy board ID too large to be a local ID
 T0 = "2014-01-02 03:04:05"
@@ -32,7 +41,6 @@ def _kw(dsn) -> dict:
 @pytest.fixture
 def rt(settings, router, ledger, server_b):
     """An empty target, an empty legacy database with one user, and a runtime."""
-    from jobs.runtime import Runtime
     truncate_target(server_b.port)
     create_legacy_schema(settings.legacy_dsn, drop=True)
     legacy(settings, "INSERT INTO users VALUES (1, 'alice', 'a@x.com', 'Alice', %s)", T0)
@@ -58,30 +66,25 @@ def add_boards(settings, *legacy_ids: int) -> None:
 
 def migrate(rt, settings, chunk_rows: int = 50_000) -> str:
     """A whole migration, every chunk run here in order; returns the run ID."""
-    from jobs import lifecycle
     params, chunks = migration.plan(settings, rt.router, rt.ledger, chunk_rows)
     run_id = rt.ledger.create_run("migrate", "none", {**params, "handler": migration.HANDLER},
                                   chunks)
-    for c in range(len(chunks)):
-        assert lifecycle.execute(rt, run_id, c) == "done"
+    assert run_inline(rt, run_id, range(len(chunks))) == ["done"] * len(chunks)
     return run_id
 
 
 def verify(rt, settings, of_run: str) -> list[dict]:
     """``farm verify`` of ``of_run``, run here; its mismatches."""
-    from jobs import lifecycle
     p = rt.ledger.run(of_run)["params"]
     _, chunks = migration.plan(settings, rt.router, rt.ledger, p["chunk_rows"])
     params = {**p, "of_run": of_run, "handler": verifier.HANDLER}
     vid = rt.ledger.create_run("verify", "none", params, chunks)
-    for c in range(len(chunks)):
-        assert lifecycle.execute(rt, vid, c) == "done"
+    assert run_inline(rt, vid, range(len(chunks))) == ["done"] * len(chunks)
     return rt.ledger.mismatches.of_run(vid, limit=100)[1]
 
 
 def new_id(router, type_name: str, legacy_id: int) -> int | None:
     """``legacy_id_map``'s new ID of a legacy object (read by hand)."""
-    from sharding.modshard import bucket_of, legacy_key
     b = bucket_of(legacy_key(type_name, legacy_id), router.shardmap.buckets)
     rows = router.query(router.shardmap.mod_master(b),
                         f"SELECT new_id FROM {mod_table(b, 'legacy_id_map')} "
@@ -183,7 +186,6 @@ def test_verify_reports_two_claims_on_one_slot(rt, settings, router):
                     "WHERE t.local_id = %s", (b.local, s.local))
         cur.execute(f"DELETE FROM {q} WHERE local_id = %s", (b.local,))
     router.run(s.shard, corrupt)
-    from sharding.modshard import bucket_of, legacy_key
     bucket = bucket_of(legacy_key("board", BIG), router.shardmap.buckets)
     router.run_mod(bucket, lambda cur: cur.execute(
         f"UPDATE {mod_table(bucket, 'legacy_id_map')} SET new_id = %s "
@@ -198,11 +200,6 @@ def test_each_chunk_allocates_with_its_own_router(rt, settings, router, map_path
                                                   monkeypatch):
     """A process's later chunk of the same run routes big-ID allocation with that chunk's
     router, never with a router an earlier chunk brought (whose map may be stale)."""
-    import os
-
-    from jobs import lifecycle
-    from sharding.mapsource import ShardMapSource
-    from sharding.router import Router
     monkeypatch.setenv("FARM_CONNECT_TIMEOUT", "1")
     add_boards(settings, BIG, BIG + 1)
     stale_path = tmp_path / "stale.json"
@@ -217,8 +214,7 @@ def test_each_chunk_allocates_with_its_own_router(rt, settings, router, map_path
     run_id = rt.ledger.create_run("migrate", "none", {**params, "handler": migration.HANDLER},
                                   chunks)
     rt.router = stale
-    for c in (0, 1):
-        assert lifecycle.execute(rt, run_id, c) == "done"
+    assert run_inline(rt, run_id, (0, 1)) == ["done", "done"]
     # the stale router's map now sends mod buckets to a server that does not answer
     doc["hosts"]["Gone"] = {"host": "127.0.0.1", "port": 9, "user": "root", "password": ""}
     doc["mod"]["ranges"][0]["master"] = "Gone"
@@ -228,7 +224,7 @@ def test_each_chunk_allocates_with_its_own_router(rt, settings, router, map_path
     os.utime(stale_path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     rt.router = router
     try:
-        assert lifecycle.execute(rt, run_id, 2) == "done"
+        assert run_inline(rt, run_id, (2,)) == ["done"]
     finally:
         del rt.router  # the session's router is not the runtime's to close
         stale.close()
@@ -241,12 +237,7 @@ def test_a_slot_filled_between_survey_and_write(router, appeared, insert_rows, m
     """A row lands in a slot the survey saw empty (a predecessor of the same chunk, or a
     hand edit): the writer replaces its own row, and refuses (retryable) to touch another,
     whether the rows go as an INSERT or as a file."""
-    from loaders.migration import writer
-    from loaders.migration.build import TargetRows
-    from loaders.migration.claims import SlotChangedError
-    from loaders.migration.writer import write_shards
     monkeypatch.setattr(writer, "INSERT_ROWS", insert_rows)
-    from tests.conftest import SHARDS_B
     shard, local = SHARDS_B[0] + 6, 4321
     q = shard_table(shard, "pins")
     router.run(shard, lambda cur: cur.execute(f"DELETE FROM {q} WHERE local_id IN (4321, 4322)"))
@@ -258,12 +249,12 @@ def test_a_slot_filled_between_survey_and_write(router, appeared, insert_rows, m
         f"INSERT INTO {q} VALUES (%s, %s, 1)", (local, json.dumps(there))))
     stored = f"SELECT local_id, data FROM {q} WHERE local_id IN (4321, 4322) ORDER BY local_id"
     if appeared == "own":
-        write_shards(router, None, rows, held={})
+        writer.write_shards(router, None, rows, held={})
         got = router.query(router.host_for(shard), stored, (), shard)
         assert [json.loads(d)["v"] for _, d in got] == ["new", "new"]
     else:
         with pytest.raises(SlotChangedError):
-            write_shards(router, None, rows, held={})
+            writer.write_shards(router, None, rows, held={})
         got = router.query(router.host_for(shard), stored, (), shard)
         assert [(n, json.loads(d)) for n, d in got] == [(local, there)]  # all rolled back
     router.run(shard, lambda cur: cur.execute(f"DELETE FROM {q} WHERE local_id IN (4321, 4322)"))
