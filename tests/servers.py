@@ -159,9 +159,10 @@ class PrivateRedis:
     proc: subprocess.Popen
 
     @classmethod
-    def start(cls, bind: str = "127.0.0.1", timeout: float = 20) -> PrivateRedis:
-        """Start it and wait until it answers."""
-        port = free_port(bind)
+    def start(cls, bind: str = "127.0.0.1", timeout: float = 20,
+              port: int | None = None) -> PrivateRedis:
+        """Start it (on ``port``, or a free one) and wait until it answers."""
+        port = port or free_port(bind)
         proc = subprocess.Popen([REDIS_SERVER, "--bind", bind, "--port", str(port), "--save", "",
                                  "--appendonly", "no", "--protected-mode", "no"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -14,11 +14,14 @@ import time
 
 import pytest
 import redis
+from rq import Worker
 
+from farmcore import keys
 from farmcore.ledger import ChunkSpec
 from jobs import enqueue_many, runs
 from tests.conftest import park_unfinished_runs, run_farm
 from tests.farmkit import children, output, start_workers, stop, until
+from tests.servers import PrivateRedis
 from workers import burst
 from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
@@ -223,18 +226,18 @@ def test_a_control_database_that_refuses_the_supervisor_leaves_no_worker_behind(
 
 
 def test_a_supervisor_that_exits_on_an_error_stops_its_workers(settings):
-    """An error the loop cannot handle (here Redis refusing the heartbeat) ended the
-    supervisor and left every worker it had started running."""
+    """An error the loop cannot handle (here a Redis reply it cannot take to the heartbeat)
+    ended the supervisor and left every worker it had started running."""
     sup = Supervisor(settings, 1, ["farm"])
 
     def refused() -> None:
-        raise redis.ConnectionError("Redis went away")
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")
 
     sup.report = refused  # type: ignore[method-assign]
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
                                               signal.SIGUSR2)}
     try:
-        with pytest.raises(redis.ConnectionError):
+        with pytest.raises(redis.ResponseError):
             sup.run()
     finally:
         for s, handler in saved.items():
@@ -271,19 +274,19 @@ def _run_restoring_signals(sup: Supervisor) -> None:
 
 
 def test_an_error_during_a_warm_stop_does_not_cut_the_workers_chunks_short(settings):
-    """The workers were told to finish their chunks and stop; an error then (Redis refusing
-    the heartbeat) used to send them a second signal, which rq's workers take as 'stop now',
-    and kill them 3 s later."""
+    """The workers were told to finish their chunks and stop; an error then (a Redis reply
+    the heartbeat cannot take) used to send them a second signal, which rq's workers take as
+    'stop now', and kill them 3 s later."""
     sup = Supervisor(settings, 1, ["farm"])
     stopped: list[int] = []
     sup._stop_children = lambda: stopped.append(1)  # type: ignore[method-assign]
 
     def stop_then_refused() -> None:
         sup._on_stop(signal.SIGTERM, None)  # the warm stop reaches the worker
-        raise redis.ConnectionError("Redis went away")
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'")
 
     sup.report = stop_then_refused  # type: ignore[method-assign]
-    with pytest.raises(redis.ConnectionError):
+    with pytest.raises(redis.ResponseError):
         _run_restoring_signals(sup)
     assert sup.children and stopped == []
     for child in sup.children:  # it ends by itself, on the warm stop
@@ -299,3 +302,33 @@ def test_a_stop_asked_during_the_burst_checks_starts_no_worker(settings):
     sup.spawn = lambda: started.append(1)  # type: ignore[method-assign]
     _run_restoring_signals(sup)
     assert started == []
+
+
+def test_a_redis_outage_leaves_the_workers_running_and_the_supervisor_takes_up_again(env):
+    """Redis stopped under a running 'farm workers': the supervisor says so once and keeps
+    its worker (it used to stop them and exit, though rq's workers ride an outage out);
+    Redis back on its port: it says so, heartbeats again, and stops cleanly when asked."""
+    rds = PrivateRedis.start()
+    sup = None
+    try:
+        sup = start_workers({**env, "FARM_REDIS_URL": rds.url()}, 1)
+        conn = redis.Redis.from_url(rds.url())
+        until(lambda: conn.hlen(keys.supervisors()) and Worker.count(connection=conn),
+              what="the supervisor's heartbeat and its worker taking jobs")
+        worker = children(sup.pid)
+        rds.stop()
+        until(lambda: "does not answer" in output(sup), what="the outage said")
+        rds = PrivateRedis.start(port=rds.port)
+        conn = redis.Redis.from_url(rds.url())
+        until(lambda: conn.hlen(keys.supervisors()), what="a heartbeat in the new Redis")
+        said = output(sup)
+        assert said.count("does not answer") == 1 and "answers again" in said, said
+        assert f"Redis at 127.0.0.1:{rds.port}" in said or f"//127.0.0.1:{rds.port}" in said
+        assert sup.poll() is None and children(sup.pid) == worker, said  # the same throughout
+        out = stop(sup)
+        assert sup.returncode == 0, out
+        assert conn.hlen(keys.supervisors()) == 0  # its heartbeat removed as it stopped
+    finally:
+        if sup is not None and sup.poll() is None:
+            stop(sup)
+        rds.stop()

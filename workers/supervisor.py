@@ -28,9 +28,11 @@ from farmcore.identity import farm_id
 from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
 from shardfarm.mysql.infile import sweep_temp
+from shardfarm.redact import redact_url
 from shardfarm.settings import Settings
 from workers import burst, maintenance
 from workers.metrics import ENV_KEY, SupervisorMetrics
+from workers.outage import Outage
 
 log = logging.getLogger(__name__)
 TICK = 0.5
@@ -131,6 +133,7 @@ class Supervisor:
     def __post_init__(self) -> None:
         self.rt = Runtime(self.settings)
         self.conn = self.rt.redis
+        self.redis = Outage(redact_url(self.settings.redis_url))
         self.me = f"{self.host}:{os.getpid()}"
         if self.burst:
             self.burst_key = burst.new_key(self.me)
@@ -311,11 +314,13 @@ class Supervisor:
                 if self.stopping or self.burst:
                     self._enforce_cold_stop()
                     if not self.alive():
-                        return self._burst_ended() if self.burst else 0
-                else:
-                    self.poll_remote()
+                        ended = self.redis.call(self._burst_ended, None) if self.burst else 0
+                        if ended is not None:  # a burst's count waits for Redis
+                            return ended
+                else:  # while Redis does not answer, the last desired count holds
+                    self.redis.call(self.poll_remote, None)
                     self.converge()
-                self.report()
+                self.redis.call(self.report, None)
                 if time.monotonic() - last_maint > MAINTENANCE_EVERY:
                     self._farm_id = self._farm_id or farm_id(self.rt.ledger.pool)
                     maintenance.run_once(self.rt, self.me, self.queues)
@@ -328,10 +333,14 @@ class Supervisor:
                 self._stop_children()  # none is left running unsupervised
             raise
         finally:
-            self.conn.hdel(keys.supervisors(), self.me)
-            if self.burst_key:
-                self.conn.delete(self.burst_key)
-            if self.metrics:
-                self.conn.delete(self.metrics.key)
+            self.redis.call(self._forget, None)  # in an outage, `farm status` ages it out
             self.rt.close()
+
+    def _forget(self) -> None:
+        """Remove this supervisor's heartbeat, burst count and metrics from Redis."""
+        self.conn.hdel(keys.supervisors(), self.me)
+        if self.burst_key:
+            self.conn.delete(self.burst_key)
+        if self.metrics:
+            self.conn.delete(self.metrics.key)
 

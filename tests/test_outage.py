@@ -1,0 +1,51 @@
+"""``workers.outage``: a step that needs Redis is skipped while Redis does not answer, the
+outage said once when it starts and once when it ends; any other error still raises."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import redis
+
+from workers.outage import Outage
+
+
+def _refused() -> None:
+    raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+
+def test_an_outage_is_said_once_and_its_end_once(caplog):
+    outage = Outage("redis://127.0.0.1:6390/0")
+    with caplog.at_level(logging.WARNING, logger="workers.outage"):
+        assert outage.call(lambda: 7, None) == 7
+        assert [outage.call(_refused, "skipped") for _ in range(3)] == ["skipped"] * 3
+        assert outage.call(lambda: 8, None) == 8
+        assert outage.call(lambda: 9, None) == 9
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith("Redis at redis://127.0.0.1:6390/0 does not answer (Error 111")
+    assert said[1].startswith("Redis at redis://127.0.0.1:6390/0 answers again after ")
+    assert outage.since is None
+
+
+def test_a_timeout_is_an_outage_too():
+    def slow() -> None:
+        raise redis.TimeoutError("Timeout reading from 127.0.0.1:6390")
+    outage = Outage("redis://127.0.0.1:6390/0")
+    assert outage.call(slow, None) is None and outage.since is not None
+
+
+def test_any_other_error_still_raises():
+    def wrong_type() -> None:
+        raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind")
+    with pytest.raises(redis.ResponseError):
+        Outage("redis://127.0.0.1:6390/0").call(wrong_type, None)
+
+
+def test_a_password_in_the_error_is_not_said(caplog):
+    def leaky() -> None:
+        raise redis.ConnectionError("cannot reach redis://farm:s3cret@10.0.0.9:6379/0")
+    with caplog.at_level(logging.WARNING, logger="workers.outage"):
+        Outage("redis://farm:***@10.0.0.9:6379/0").call(leaky, None)
+    assert "s3cret" not in caplog.text and "farm:***@10.0.0.9" in caplog.text

@@ -1,0 +1,45 @@
+"""A loop that rides out a Redis outage: the step that needs Redis is skipped while Redis
+does not answer, said once when the outage starts and once when it ends.
+
+rq's workers retry Redis for ever (with a growing pause) rather than exit; the supervisor
+does the same, so a Redis restart or a network blip never stops the workers of a host.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+
+from shardfarm.redact import redact
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+class Outage:
+    """Tracks whether Redis at ``where`` (a URL without its password) answers."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.since: float | None = None  # monotonic start of the outage; None: Redis answers
+
+    def call(self, step: Callable[[], T], default: T) -> T:
+        """``step()``, or ``default`` while Redis does not answer (``UNREACHABLE``)."""
+        try:
+            value = step()
+        except UNREACHABLE as exc:
+            if self.since is None:
+                self.since = time.monotonic()
+                log.warning("Redis at %s does not answer (%s); the workers keep running and "
+                            "Redis is tried again every tick", self.where, redact(str(exc)))
+            return default
+        if self.since is not None:
+            log.warning("Redis at %s answers again after %.0f s", self.where,
+                        time.monotonic() - self.since)
+            self.since = None
+        return value
