@@ -19,10 +19,11 @@ from rq import Worker
 from farmcore import keys
 from farmcore.ledger import ChunkSpec
 from jobs import enqueue_many, runs
+from shardfarm.errors import FarmError
 from tests.conftest import park_unfinished_runs, run_farm
 from tests.farmkit import children, output, start_workers, stop, until
 from tests.servers import PrivateRedis
-from workers import burst
+from workers import burst, supervisor
 from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
 
@@ -332,3 +333,25 @@ def test_a_redis_outage_leaves_the_workers_running_and_the_supervisor_takes_up_a
         if sup is not None and sup.poll() is None:
             stop(sup)
         rds.stop()
+
+
+def test_a_burst_stops_once_redis_has_not_answered_for_the_limit(settings, monkeypatch):
+    """A burst (a script waits on it) does not wait on a Redis that is gone: after
+    ``BURST_OUTAGE_LIMIT`` seconds without an answer it stops its workers and says why in
+    one error; a daemon supervisor waits on (the test above)."""
+    monkeypatch.setattr(supervisor, "BURST_OUTAGE_LIMIT", 0.0)
+    sup = Supervisor(settings, 1, ["farm"], burst=True)
+
+    def refused() -> None:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    sup.report = refused  # type: ignore[method-assign]
+    try:
+        with pytest.raises(FarmError) as caught:
+            _run_restoring_signals(sup)
+    finally:
+        left = [c for c in sup.children if c.poll() is None]
+        for c in left:
+            c.kill()
+    assert str(caught.value).startswith(f"Redis at {sup.redis.where} has not answered for 0 s;")
+    assert sup.children and left == []  # its worker was stopped with it

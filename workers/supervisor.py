@@ -27,6 +27,7 @@ from farmcore import keys
 from farmcore.identity import farm_id
 from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
+from shardfarm.errors import FarmError
 from shardfarm.mysql.infile import sweep_temp
 from shardfarm.redact import redact_url
 from shardfarm.settings import Settings
@@ -46,6 +47,7 @@ MAX_RESPAWN_PAUSE = 30.0
 # from outside (an operator, the OOM killer) and the worker is replaced at once
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
                            signal.SIGFPE, signal.SIGSYS})
+BURST_OUTAGE_LIMIT = 300.0  # seconds without Redis after which a burst stops (a daemon waits)
 MAX_WORKERS = 1000  # per supervisor: 'farm workers --count', 'farm scale', the dashboard's scale
 _refused: dict[str, bytes] = {}  # scale keys whose value was ignored (warned once)
 
@@ -321,6 +323,8 @@ class Supervisor:
                     self.redis.call(self.poll_remote, None)
                     self.converge()
                 self.redis.call(self.report, None)
+                if self.burst:
+                    self._give_up_on_redis()
                 if time.monotonic() - last_maint > MAINTENANCE_EVERY:
                     self._farm_id = self._farm_id or farm_id(self.rt.ledger.pool)
                     maintenance.run_once(self.rt, self.me, self.queues)
@@ -335,6 +339,17 @@ class Supervisor:
         finally:
             self.redis.call(self._forget, None)  # in an outage, `farm status` ages it out
             self.rt.close()
+
+    def _give_up_on_redis(self) -> None:
+        """A burst stops, its workers with it, once Redis has not answered for
+        ``BURST_OUTAGE_LIMIT`` seconds: the script that waits on it learns (a daemon rides
+        any outage out)."""
+        since = self.redis.since
+        if since is not None and time.monotonic() - since >= BURST_OUTAGE_LIMIT:
+            raise FarmError(f"Redis at {self.redis.where} has not answered for "
+                            f"{BURST_OUTAGE_LIMIT:g} s; the burst stops (a chunk it held is "
+                            "taken over once its lease expires; 'farm resume RUN' once Redis "
+                            "is back)")
 
     def _forget(self) -> None:
         """Remove this supervisor's heartbeat, burst count and metrics from Redis."""
