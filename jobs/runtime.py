@@ -24,10 +24,12 @@ from sharding.shardmap import ShardMap
 class Runtime:
     """Settings plus lazily built router, ledger and Redis connection. ``bound``: how long a
     control-database statement may wait (``shardfarm.bounds``: status views are bounded,
-    workers and commands that start runs are not)."""
+    workers and commands that start runs are not); ``redis_seconds``: how long a Redis
+    reply may take, if not the bound's (a supervisor's: it never waits on a queue)."""
 
     settings: Settings
     bound: Bound = field(default=BULK)
+    redis_seconds: float | None = None
 
     @cached_property
     def router(self) -> Router:
@@ -63,7 +65,9 @@ class Runtime:
     @cached_property
     def redis(self) -> redis.Redis:
         """The farm's Redis; a status view's waits for each reply as long as its bound."""
-        return self.settings.redis(socket_timeout=self.bound.socket_timeout)
+        return self.settings.redis(socket_timeout=self.redis_seconds
+                                   if self.redis_seconds is not None
+                                   else self.bound.socket_timeout)
 
     def close(self) -> None:
         """Release pooled connections that were opened, and the shard map source (a

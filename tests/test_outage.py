@@ -49,3 +49,15 @@ def test_a_password_in_the_error_is_not_said(caplog):
     with caplog.at_level(logging.WARNING, logger="workers.outage"):
         Outage("redis://farm:***@10.0.0.9:6379/0").call(leaky, None)
     assert "s3cret" not in caplog.text and "farm:***@10.0.0.9" in caplog.text
+
+
+@pytest.mark.parametrize("refused", [redis.AuthenticationError("invalid username-password pair"),
+                                     redis.exceptions.AuthorizationError("NOPERM")])
+def test_a_refused_password_is_not_an_outage(refused):
+    """A password or user Redis refuses is the URL to fix, not an outage to wait out."""
+    def step() -> None:
+        raise refused
+    outage = Outage("redis://farm:***@127.0.0.1:6390/0")
+    with pytest.raises(type(refused)):
+        outage.call(step, None)
+    assert outage.since is None

@@ -6,6 +6,7 @@ is restarted after a growing pause, not in a loop, while a killed one is replace
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -23,7 +24,7 @@ from shardfarm.errors import FarmError
 from tests.conftest import park_unfinished_runs, run_farm
 from tests.farmkit import children, output, start_workers, stop, until
 from tests.servers import PrivateRedis
-from workers import burst, supervisor
+from workers import burst, maintenance, supervisor
 from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
 
@@ -263,12 +264,12 @@ def test_a_shard_map_the_supervisor_cannot_read_stops_it_in_one_line(env, tmp_pa
         f"farm: error: cannot read shard map {gone}: No such file or directory"]
 
 
-def _run_restoring_signals(sup: Supervisor) -> None:
+def _run_restoring_signals(sup: Supervisor) -> int:
     """``sup.run()``, the process's signal handlers put back after it."""
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1,
                                               signal.SIGUSR2)}
     try:
-        sup.run()
+        return sup.run()
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
@@ -305,53 +306,119 @@ def test_a_stop_asked_during_the_burst_checks_starts_no_worker(settings):
     assert started == []
 
 
-def test_a_redis_outage_leaves_the_workers_running_and_the_supervisor_takes_up_again(env):
-    """Redis stopped under a running 'farm workers': the supervisor says so once and keeps
-    its worker (it used to stop them and exit, though rq's workers ride an outage out);
-    Redis back on its port: it says so, heartbeats again, and stops cleanly when asked."""
-    rds = PrivateRedis.start()
-    sup = None
-    try:
-        sup = start_workers({**env, "FARM_REDIS_URL": rds.url()}, 1)
-        conn = redis.Redis.from_url(rds.url())
-        until(lambda: conn.hlen(keys.supervisors()) and Worker.count(connection=conn),
-              what="the supervisor's heartbeat and its worker taking jobs")
-        worker = children(sup.pid)
-        rds.stop()
-        until(lambda: "does not answer" in output(sup), what="the outage said")
-        rds = PrivateRedis.start(port=rds.port)
-        conn = redis.Redis.from_url(rds.url())
-        until(lambda: conn.hlen(keys.supervisors()), what="a heartbeat in the new Redis")
-        said = output(sup)
-        assert said.count("does not answer") == 1 and "answers again" in said, said
-        assert f"Redis at 127.0.0.1:{rds.port}" in said or f"//127.0.0.1:{rds.port}" in said
-        assert sup.poll() is None and children(sup.pid) == worker, said  # the same throughout
-        out = stop(sup)
-        assert sup.returncode == 0, out
-        assert conn.hlen(keys.supervisors()) == 0  # its heartbeat removed as it stopped
-    finally:
-        if sup is not None and sup.poll() is None:
-            stop(sup)
-        rds.stop()
+class _Outage:
+    """A private Redis for an in-process supervisor, and a script run one step a
+    housekeeping round (every tick: ``MAINTENANCE_EVERY`` 0): once the worker takes jobs
+    (or at the first round: not ``wait_for_worker``; a burst's worker ends once the queues
+    are empty), Redis is stopped; after ``rounds`` rounds without it, started again on its port (if
+    ``back``); once the supervisor heartbeats there again, or after ``stop_after`` rounds
+    without Redis, it is asked to stop (once). Counts the workers it spawned."""
+
+    def __init__(self, settings, monkeypatch, burst: bool = False, rounds: int = 3,
+                 back: bool = True, stop_after: int | None = None,
+                 wait_for_worker: bool = True) -> None:
+        monkeypatch.setattr(supervisor, "MAINTENANCE_EVERY", 0.0)
+        self.server = PrivateRedis.start()
+        self.port, self.rounds, self.back, self.stop_after = (self.server.port, rounds, back,
+                                                              stop_after)
+        self.conn = redis.Redis.from_url(self.server.url(), socket_timeout=5)
+        self.sup = Supervisor(settings.with_(redis_url=self.server.url()), 1, ["farm"],
+                              burst=burst)
+        self.down: list[int] = []  # rounds without Redis, once it was stopped
+        self.spawned: list[int] = []
+        self.asked, self.wait_for_worker = False, wait_for_worker
+        real_spawn, self.real_round = self.sup.spawn, maintenance.run_once
+
+        def spawn() -> None:
+            real_spawn()
+            self.spawned.append(self.sup.children[-1].pid)
+        monkeypatch.setattr(self.sup, "spawn", spawn)
+        monkeypatch.setattr(maintenance, "run_once", self.round)
+
+    def round(self, rt, owner: str, queues: list[str]) -> bool:
+        if not self.down:
+            if not self.wait_for_worker or Worker.count(connection=self.conn):
+                self.server.stop()
+                self.down.append(0)
+        elif self.server.proc.poll() is not None:
+            self.down[0] += 1
+            assert self.down[0] < 120, "a hang guard: the supervisor never ended the outage"
+            if self.back and self.down[0] == self.rounds:
+                self.server = PrivateRedis.start(port=self.port)
+            elif self.down[0] == self.stop_after:
+                self._ask_to_stop()
+        elif self.conn.hlen(keys.supervisors()):  # it heartbeats in the new Redis
+            self._ask_to_stop()
+        return self.real_round(rt, owner, queues)
+
+    def _ask_to_stop(self) -> None:
+        if not self.asked:
+            self.asked = True
+            self.sup._on_stop(signal.SIGTERM, None)
+
+    def run(self) -> int:
+        """The supervisor's ``run()``; its workers killed and Redis stopped after it."""
+        try:
+            return _run_restoring_signals(self.sup)
+        finally:
+            for c in self.sup.children:
+                if c.poll() is None:
+                    c.kill()
+            self.server.stop()
+
+
+def test_a_redis_outage_leaves_the_workers_running_and_the_supervisor_takes_up_again(
+        settings, monkeypatch, caplog):
+    """Redis gone for three housekeeping rounds under a running supervisor: it says so once
+    and keeps its worker (it used to stop them and exit at the first round, though rq's
+    workers ride an outage out); Redis back on its port: it says so, heartbeats there
+    again, and stops cleanly when asked."""
+    outage = _Outage(settings, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="workers.outage"):
+        assert outage.run() == 0
+    assert outage.down == [3] and outage.asked
+    assert len(outage.spawned) == 1  # the same worker throughout
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith(f"Redis at redis://127.0.0.1:{outage.port}/0 does not answer (")
+    assert said[1].startswith(f"Redis at redis://127.0.0.1:{outage.port}/0 answers again after")
 
 
 def test_a_burst_stops_once_redis_has_not_answered_for_the_limit(settings, monkeypatch):
-    """A burst (a script waits on it) does not wait on a Redis that is gone: after
+    """A burst (a script waits on it) does not wait on a Redis that is gone: at
     ``BURST_OUTAGE_LIMIT`` seconds without an answer it stops its workers and says why in
     one error; a daemon supervisor waits on (the test above)."""
     monkeypatch.setattr(supervisor, "BURST_OUTAGE_LIMIT", 0.0)
+    outage = _Outage(settings, monkeypatch, burst=True, back=False, wait_for_worker=False)
+    with pytest.raises(FarmError) as caught:
+        outage.run()
+    assert str(caught.value).startswith(
+        f"Redis at redis://127.0.0.1:{outage.port}/0 has not answered for 0 s; the burst stops")
+    assert outage.down and len(outage.spawned) == 1
+
+
+def test_the_burst_limit_counts_from_the_outage_start(settings):
+    """Not before ``BURST_OUTAGE_LIMIT`` seconds of the outage, and at once after."""
     sup = Supervisor(settings, 1, ["farm"], burst=True)
-
-    def refused() -> None:
-        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
-
-    sup.report = refused  # type: ignore[method-assign]
     try:
-        with pytest.raises(FarmError) as caught:
-            _run_restoring_signals(sup)
+        sup._give_up_on_redis()  # Redis answers
+        sup.redis.since = time.monotonic() - supervisor.BURST_OUTAGE_LIMIT + 5
+        sup._give_up_on_redis()  # 5 s to go
+        sup.redis.since -= 5
+        with pytest.raises(FarmError, match="has not answered for 300 s"):
+            sup._give_up_on_redis()
     finally:
-        left = [c for c in sup.children if c.poll() is None]
-        for c in left:
-            c.kill()
-    assert str(caught.value).startswith(f"Redis at {sup.redis.where} has not answered for 0 s;")
-    assert sup.children and left == []  # its worker was stopped with it
+        sup.rt.close()
+
+
+def test_a_burst_asked_to_stop_in_an_outage_stops_without_waiting_for_the_limit(
+        settings, monkeypatch):
+    """Asked to stop while Redis is gone, a burst whose workers ended says so at once (its
+    count needs Redis); it used to wait out the whole outage limit."""
+    outage = _Outage(settings, monkeypatch, burst=True, back=False, stop_after=2,
+                     wait_for_worker=False)
+    with pytest.raises(FarmError) as caught:
+        outage.run()
+    assert str(caught.value).startswith(
+        f"stopped while Redis at redis://127.0.0.1:{outage.port}/0 does not answer")
+    assert outage.asked and outage.down[0] >= 2

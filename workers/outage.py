@@ -19,6 +19,8 @@ from shardfarm.redact import redact
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+# connection errors that are not an outage: a password or user Redis refuses (fix the URL)
+REFUSED = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
 
 
 class Outage:
@@ -29,10 +31,13 @@ class Outage:
         self.since: float | None = None  # monotonic start of the outage; None: Redis answers
 
     def call(self, step: Callable[[], T], default: T) -> T:
-        """``step()``, or ``default`` while Redis does not answer (``UNREACHABLE``)."""
+        """``step()``, or ``default`` while Redis does not answer (``UNREACHABLE``, not
+        ``REFUSED``: that one is raised, as any other error)."""
         try:
             value = step()
         except UNREACHABLE as exc:
+            if isinstance(exc, REFUSED):
+                raise
             if self.since is None:
                 self.since = time.monotonic()
                 log.warning("Redis at %s does not answer (%s); the workers keep running and "

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import redis
 
@@ -29,11 +30,11 @@ from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
 from shardfarm.errors import FarmError
 from shardfarm.mysql.infile import sweep_temp
-from shardfarm.redact import redact_url
+from shardfarm.redact import redact, redact_url
 from shardfarm.settings import Settings
 from workers import burst, maintenance
 from workers.metrics import ENV_KEY, SupervisorMetrics
-from workers.outage import Outage
+from workers.outage import UNREACHABLE, Outage
 
 log = logging.getLogger(__name__)
 TICK = 0.5
@@ -47,6 +48,7 @@ MAX_RESPAWN_PAUSE = 30.0
 # from outside (an operator, the OOM killer) and the worker is replaced at once
 CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL,
                            signal.SIGFPE, signal.SIGSYS})
+REDIS_REPLY_SECONDS = 10.0  # a Redis that stalls (no reply) is an outage, not a hang
 BURST_OUTAGE_LIMIT = 300.0  # seconds without Redis after which a burst stops (a daemon waits)
 MAX_WORKERS = 1000  # per supervisor: 'farm workers --count', 'farm scale', the dashboard's scale
 _refused: dict[str, bytes] = {}  # scale keys whose value was ignored (warned once)
@@ -133,7 +135,7 @@ class Supervisor:
     not_done: str | None = None
 
     def __post_init__(self) -> None:
-        self.rt = Runtime(self.settings)
+        self.rt = Runtime(self.settings, redis_seconds=REDIS_REPLY_SECONDS)
         self.conn = self.rt.redis
         self.redis = Outage(redact_url(self.settings.redis_url))
         self.me = f"{self.host}:{os.getpid()}"
@@ -319,6 +321,10 @@ class Supervisor:
                         ended = self.redis.call(self._burst_ended, None) if self.burst else 0
                         if ended is not None:  # a burst's count waits for Redis
                             return ended
+                        if self.stopping:  # not for the outage limit: asked to stop now
+                            raise FarmError(f"stopped while Redis at {self.redis.where} does "
+                                            "not answer: what the burst ran is not known "
+                                            "('farm status' once Redis is back)")
                 else:  # while Redis does not answer, the last desired count holds
                     self.redis.call(self.poll_remote, None)
                     self.converge()
@@ -327,7 +333,8 @@ class Supervisor:
                     self._give_up_on_redis()
                 if time.monotonic() - last_maint > MAINTENANCE_EVERY:
                     self._farm_id = self._farm_id or farm_id(self.rt.ledger.pool)
-                    maintenance.run_once(self.rt, self.me, self.queues)
+                    self.redis.call(partial(maintenance.run_once, self.rt, self.me,
+                                            self.queues), False)
                     if swept := sweep_temp():
                         log.info("deleted %d LOAD DATA temp file(s) of ended workers", swept)
                     last_maint = time.monotonic()
@@ -337,7 +344,11 @@ class Supervisor:
                 self._stop_children()  # none is left running unsupervised
             raise
         finally:
-            self.redis.call(self._forget, None)  # in an outage, `farm status` ages it out
+            try:
+                self._forget()
+            except UNREACHABLE as exc:
+                log.warning("this supervisor's heartbeat is left in Redis at %s (%s); 'farm "
+                            "status' ages it out", self.redis.where, redact(str(exc)))
             self.rt.close()
 
     def _give_up_on_redis(self) -> None:
