@@ -422,3 +422,21 @@ def test_a_burst_asked_to_stop_in_an_outage_stops_without_waiting_for_the_limit(
     assert str(caught.value).startswith(
         f"stopped while Redis at redis://127.0.0.1:{outage.port}/0 does not answer")
     assert outage.asked and outage.down[0] >= 2
+
+
+def test_a_redis_refusing_the_heartbeat_deletes_no_heartbeats(settings, monkeypatch):
+    """Only a key of another type is replaced; a Redis refusing writes (out of memory, a
+    replica) used to have every supervisor's heartbeat deleted."""
+    sup = Supervisor(settings, 1, ["farm"])
+    deleted: list[str] = []
+
+    def refused(*_args: object) -> None:
+        raise redis.ResponseError("OOM command not allowed when used memory > 'maxmemory'.")
+    monkeypatch.setattr(sup.conn, "hset", refused)
+    monkeypatch.setattr(sup.conn, "delete", lambda *names: deleted.extend(names))
+    try:
+        with pytest.raises(redis.ResponseError, match="OOM"):
+            sup.report()
+    finally:
+        sup.rt.close()
+    assert deleted == []

@@ -277,7 +277,9 @@ class Supervisor:
                "farm_id": self._farm_id}
         try:
             self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
-        except redis.ResponseError:  # not a hash (written into Redis): it holds no heartbeat
+        except redis.ResponseError as exc:  # not a hash (written into Redis): no heartbeat
+            if not str(exc).startswith("WRONGTYPE"):  # OOM, READONLY: nothing to replace
+                raise
             log.warning("%s held no supervisors' heartbeats; replaced", keys.supervisors())
             self.conn.delete(keys.supervisors())
             self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
