@@ -310,9 +310,10 @@ class _Outage:
     """A private Redis for an in-process supervisor, and a script run one step a
     housekeeping round (every tick: ``MAINTENANCE_EVERY`` 0): once the worker takes jobs
     (or at the first round: not ``wait_for_worker``; a burst's worker ends once the queues
-    are empty), Redis is stopped; after ``rounds`` rounds without it, started again on its port (if
-    ``back``); once the supervisor heartbeats there again, or after ``stop_after`` rounds
-    without Redis, it is asked to stop (once). Counts the workers it spawned."""
+    are empty), Redis is stopped; after ``rounds`` rounds without it, started again on its
+    port (if ``back``); once the supervisor heartbeats there again, or after
+    ``stop_after`` rounds without Redis, it is asked to stop (once). Counts the workers it
+    spawned."""
 
     def __init__(self, settings, monkeypatch, burst: bool = False, rounds: int = 3,
                  back: bool = True, stop_after: int | None = None,
@@ -370,7 +371,7 @@ class _Outage:
 def test_a_redis_outage_leaves_the_workers_running_and_the_supervisor_takes_up_again(
         settings, monkeypatch, caplog):
     """Redis gone for three housekeeping rounds under a running supervisor: it says so once
-    and keeps its worker (it used to stop them and exit at the first round, though rq's
+    and keeps its worker (it used to stop them and exit at its first tick, though rq's
     workers ride an outage out); Redis back on its port: it says so, heartbeats there
     again, and stops cleanly when asked."""
     outage = _Outage(settings, monkeypatch)
@@ -414,7 +415,7 @@ def test_the_burst_limit_counts_from_the_outage_start(settings):
 def test_a_burst_asked_to_stop_in_an_outage_stops_without_waiting_for_the_limit(
         settings, monkeypatch):
     """Asked to stop while Redis is gone, a burst whose workers ended says so at once (its
-    count needs Redis); it used to wait out the whole outage limit."""
+    count needs Redis), not once the outage limit has passed."""
     outage = _Outage(settings, monkeypatch, burst=True, back=False, stop_after=2,
                      wait_for_worker=False)
     with pytest.raises(FarmError) as caught:

@@ -7,6 +7,8 @@
   (or the one on host H) adopts it within a second or two.
 - Scale-down sends SIGTERM to the newest workers: they finish their job first.
 - One supervisor at a time also runs the farm's housekeeping (``maintenance``).
+- A Redis that does not answer stops nothing (``workers.outage``): the workers keep
+  running on the last desired count; a burst gives up after ``BURST_OUTAGE_LIMIT``.
 """
 
 from __future__ import annotations
@@ -371,4 +373,3 @@ class Supervisor:
             self.conn.delete(self.burst_key)
         if self.metrics:
             self.conn.delete(self.metrics.key)
-
