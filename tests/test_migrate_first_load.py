@@ -13,13 +13,13 @@ import pytest
 
 from jobs.runtime import Runtime
 from loaders.migration import migrate as migration
-from loaders.migration import present
+from loaders.migration import present, writer
+from loaders.migration.build import TargetRows
 from loaders.migration.spec import ORDER
 from sharding import ids
 from sharding.schema import mod_db, shard_db
 from tests.migratekit import (
     checksums,
-    die_at_second_slice,
     dsn_kwargs,
     generate_legacy,
     killed,
@@ -108,23 +108,88 @@ def test_a_first_load_reads_nothing_and_writes_what_a_reading_one_does(rt, serve
 
 
 @pytest.mark.slow
+def test_a_first_load_of_several_slices_writes_each_shard_once(rt, server_b, monkeypatch):
+    """A pins chunk of several slices reading the target (not fresh) writes each slice's
+    objects as it goes, then the mapping rows; the same chunk in a fresh run writes its
+    shards in one call, at its end, objects and mapping rows together (one transaction a
+    group of shards, not one a slice)."""
+    params, chunks = _plan(rt.settings, rt)
+    pin_chunk = next(i for i, c in enumerate(chunks)
+                     if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
+    slices = len(chunks[pin_chunk].args["slices"])
+    calls = _count_shard_writes(monkeypatch)
+    for fresh in (False, True):
+        truncate_target(server_b.port)
+        run_id = rt.ledger.create_run("migrate", "none",
+                                      params if fresh else {**params, "fresh": []}, chunks)
+        assert run_inline(rt, run_id, range(pin_chunk)) == ["done"] * pin_chunk
+        calls.clear()
+        assert run_inline(rt, run_id, [pin_chunk]) == ["done"]
+        assert calls == ([{"objects", "mappings"}] if fresh
+                         else [{"objects"}] * slices + [{"mappings"}])
+
+
+def _count_shard_writes(monkeypatch) -> list[set[str]]:
+    """``writer.write_shards`` counted: for each call with rows, which of objects and
+    mapping rows it carries."""
+    calls: list[set[str]] = []
+    real = writer.write_shards
+
+    def counted(router, token, rows, **kw):
+        kinds = {k for k in ("objects", "mappings") if getattr(rows, k)}
+        if kinds:
+            calls.append(kinds)
+        real(router, token, rows, **kw)
+    monkeypatch.setattr(writer, "write_shards", counted)
+    return calls
+
+
+def test_objects_a_few_a_shard_table_are_thin():
+    """``thin``: ``writer.INSERT_ROWS`` objects a shard table on average or fewer (a slice
+    over thousands of shards), not more (the same slice over 16 shards)."""
+    def objects(tables: int, rows: int) -> TargetRows:
+        out = TargetRows()
+        for shard in range(tables):
+            out.objects[(shard, "pins")] = [(i, "{}", i) for i in range(rows)]
+        return out
+    assert migration.thin(objects(4096, 25))
+    assert migration.thin(objects(3, writer.INSERT_ROWS))
+    assert not migration.thin(objects(3, writer.INSERT_ROWS + 1))
+    assert not migration.thin(objects(16, 6250))
+
+
+@pytest.mark.slow
 def test_a_killed_first_attempts_successor_reads_what_it_left(rt, settings, monkeypatch):
-    """A fresh run's pins chunk is killed after its first slice's objects; one of those pins
-    is then made invalid in the legacy data. The second attempt (fence 2) reads the target,
-    finds the pin's object, and retires it."""
+    """A fresh run's pins chunk (several slices, written once at its end) is killed once
+    the objects of one shard table are written; one of those pins is then made invalid in
+    the legacy data. The second attempt (fence 2) reads the target, finds the pin's
+    object, and retires it."""
     params, chunks = _plan(settings, rt)
     run_id = rt.ledger.create_run("migrate", "none", params, chunks)
     pin_chunk = next(i for i, c in enumerate(chunks)
                      if c.kind == "pins" and len(c.args.get("slices", [])) >= 2)
     assert run_inline(rt, run_id, range(pin_chunk)) == ["done"] * pin_chunk
     written: list = []
-    killed(rt, run_id, pin_chunk, partial(die_at_second_slice, written), monkeypatch)
+    killed(rt, run_id, pin_chunk, partial(_die_after_one_table, written), monkeypatch)
     pin = _small_pin(written[0])
     assert _active_pin_slots(rt.router, pin) == 1
     with _invalid_pin(settings, pin):
         assert set(run_inline(rt, run_id, range(pin_chunk, len(chunks)))) == {"done"}
         assert rt.ledger.chunk(run_id, pin_chunk)["attempts"] == 2
         assert _active_pin_slots(rt.router, pin) == 0
+
+
+def _die_after_one_table(written: list, real):
+    """A ``write_shards`` that writes the objects of the first shard table it is given
+    (kept in ``written``) and is then killed."""
+    def write(router, token, rows, **kw):
+        first = next(iter(rows.objects))
+        one = TargetRows()
+        one.objects[first] = rows.objects[first]
+        real(router, token, one, **kw)
+        written.append(one)
+        raise KeyboardInterrupt("worker killed")
+    return write
 
 
 @pytest.mark.slow
