@@ -2,11 +2,13 @@
 own bulk tools, measured in the same run on the same fleet, right after the kind's run.
 
 - ``LOAD DATA`` (migrate, reverse, rebalance): the rows the kind wrote are dumped (not
-  timed), deleted, and loaded back with ``LOAD DATA LOCAL INFILE``, one statement per
-  table, ``THREADS`` client threads balanced by rows over both servers (the farm has 2
-  workers); the counts are checked afterwards. Migrate: every object, forward mapping and
-  mod lookup table. Reverse: the reverse mapping tables. Rebalance: the follower rows that
-  live away from their board's home shard (the rows it spread).
+  timed), removed (a table the kind filled is truncated, its file made anew as the run
+  found it, and opened again: ``delete``), and loaded back with ``LOAD DATA LOCAL
+  INFILE``, one statement per table, ``THREADS`` client threads balanced by rows over both
+  servers (the farm has 2 workers); the counts are checked afterwards. Migrate: every
+  object, forward mapping and mod lookup table. Reverse: the reverse mapping tables.
+  Rebalance: the follower rows that live away from their board's home shard (the rows it
+  spread).
 - Redis pipeline (feeds): the same home feeds (read back after the run) written again by
   ``THREADS`` clients, ``DEL`` + ``RPUSH`` per user in pipelines of ``REDIS_BATCH`` users.
   The feeds rebuild also reads follows and pins from the shards; the reference does not.
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import pymysql
@@ -35,7 +38,7 @@ from benchmarks._bench import (
     OBJECT_COLUMNS,
     Measure,
 )
-from benchmarks._fleet import Fleet
+from benchmarks._fleet import Fleet, open_every_table
 from benchmarks._server import settle
 from benchmarks.migrate_refs import balance, tsv_field
 from farmcore import keys
@@ -46,6 +49,7 @@ THREADS = 2
 REDIS_BATCH = 200
 GZIP_FILES = 500
 DELETE_BATCH = 500
+TRUNCATE_THREADS = 4
 FORWARD = [n for n, m in MAPPING_TABLES.items() if m.reverse_of is None]
 REVERSE = [n for n, m in MAPPING_TABLES.items() if m.reverse_of is not None]
 SPREAD = "board_followedby_users"
@@ -131,25 +135,44 @@ def dump(tables: list[Table], into: Path) -> None:
 
 
 def delete(f: Fleet, tables: list[Table]) -> None:
-    """Delete the taken rows (the whole table, or by key), in transactions of a few hundred
-    statements; then wait for InnoDB's purge on both servers."""
+    """Empty the taken rows as the run found them: a table the run filled (``whole``) is
+    truncated, so InnoDB makes its file anew, as ``farm shards init`` left it (a file
+    emptied by ``DELETE`` keeps its size, and loading it again skips the growth the run
+    paid for: ``_bench.empty_tables``), then every table is opened once more (the run found
+    them open); a table the run added to is deleted from by key, in transactions of a few
+    hundred statements. Then wait for InnoDB's purge on both servers."""
     for server in (0, 1):
-        mine = [t for t in tables if t.server == server]
+        whole = [f"TRUNCATE TABLE {t.qualified}" for t in tables if t.server == server and t.whole]
+        with ThreadPoolExecutor(TRUNCATE_THREADS) as pool:
+            list(pool.map(partial(_execute, f, server), [whole[i::TRUNCATE_THREADS]
+                                                         for i in range(TRUNCATE_THREADS)]))
+        part = [t for t in tables if t.server == server and not t.whole]
         conn = f.connect(server)
         with conn.cursor() as cur:
-            for i in range(0, len(mine), DELETE_BATCH):
+            for i in range(0, len(part), DELETE_BATCH):
                 cur.execute("BEGIN")
-                for t in mine[i:i + DELETE_BATCH]:
+                for t in part[i:i + DELETE_BATCH]:
                     _delete_one(cur, t)
                 cur.execute("COMMIT")
         conn.close()
+    if any(t.whole for t in tables):
+        open_every_table(f)
+    for server in (0, 1):
         settle(lambda s=server: f.connect(s))
 
 
+def _execute(f: Fleet, server: int, statements: list[str]) -> None:
+    """``statements`` in order on a connection of their own to ``server``."""
+    conn = f.connect(server)
+    try:
+        with conn.cursor() as cur:
+            for sql in statements:
+                cur.execute(sql)
+    finally:
+        conn.close()
+
+
 def _delete_one(cur: pymysql.cursors.Cursor, t: Table) -> None:
-    if t.whole:
-        cur.execute(f"DELETE FROM {t.qualified}")
-        return
     for i in range(0, len(t.rows), 1000):
         part = t.rows[i:i + 1000]
         cur.execute(f"DELETE FROM {t.qualified} WHERE (from_id, to_id) IN "
