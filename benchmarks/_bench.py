@@ -16,6 +16,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pymysql
@@ -213,8 +214,8 @@ def count_rows(bench: Bench, names: list[str]) -> dict[str, int]:
     return out
 
 
-def _execute_some(bench: Bench, statements: list[str]) -> None:
-    conn = bench.connect()
+def _execute_some(connect: Callable[[], pymysql.Connection], statements: list[str]) -> None:
+    conn = connect()
     try:
         with conn.cursor() as cur:
             for sql in statements:
@@ -225,9 +226,15 @@ def _execute_some(bench: Bench, statements: list[str]) -> None:
 
 def execute_parallel(bench: Bench, statements: list[str], threads: int = 4) -> None:
     """Run independent statements on several connections in parallel."""
+    statements_parallel(bench.connect, statements, threads)
+
+
+def statements_parallel(connect: Callable[[], pymysql.Connection], statements: list[str],
+                        threads: int = 4) -> None:
+    """Run independent statements on ``threads`` connections from ``connect``, in parallel."""
     parts = [statements[i::threads] for i in range(threads)]
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(lambda part: _execute_some(bench, part), parts))
+        list(pool.map(partial(_execute_some, connect), parts))
 
 
 def empty_tables(bench: Bench, names: list[str]) -> None:

@@ -37,6 +37,7 @@ from benchmarks._bench import (
     MOD_COLUMNS,
     OBJECT_COLUMNS,
     Measure,
+    statements_parallel,
 )
 from benchmarks._fleet import Fleet, open_every_table
 from benchmarks._server import settle
@@ -143,9 +144,7 @@ def delete(f: Fleet, tables: list[Table]) -> None:
     hundred statements. Then wait for InnoDB's purge on both servers."""
     for server in (0, 1):
         whole = [f"TRUNCATE TABLE {t.qualified}" for t in tables if t.server == server and t.whole]
-        with ThreadPoolExecutor(TRUNCATE_THREADS) as pool:
-            list(pool.map(partial(_execute, f, server), [whole[i::TRUNCATE_THREADS]
-                                                         for i in range(TRUNCATE_THREADS)]))
+        statements_parallel(partial(f.connect, server), whole, TRUNCATE_THREADS)
         part = [t for t in tables if t.server == server and not t.whole]
         conn = f.connect(server)
         with conn.cursor() as cur:
@@ -159,17 +158,6 @@ def delete(f: Fleet, tables: list[Table]) -> None:
         open_every_table(f)
     for server in (0, 1):
         settle(lambda s=server: f.connect(s))
-
-
-def _execute(f: Fleet, server: int, statements: list[str]) -> None:
-    """``statements`` in order on a connection of their own to ``server``."""
-    conn = f.connect(server)
-    try:
-        with conn.cursor() as cur:
-            for sql in statements:
-                cur.execute(sql)
-    finally:
-        conn.close()
 
 
 def _delete_one(cur: pymysql.cursors.Cursor, t: Table) -> None:
