@@ -224,11 +224,6 @@ def _execute_some(connect: Callable[[], pymysql.Connection], statements: list[st
         conn.close()
 
 
-def execute_parallel(bench: Bench, statements: list[str], threads: int = 4) -> None:
-    """Run independent statements on several connections in parallel."""
-    statements_parallel(bench.connect, statements, threads)
-
-
 def statements_parallel(connect: Callable[[], pymysql.Connection], statements: list[str],
                         threads: int = 4) -> None:
     """Run independent statements on ``threads`` connections from ``connect``, in parallel."""
@@ -248,7 +243,7 @@ def empty_tables(bench: Bench, names: list[str]) -> None:
     the first migration's. About 3 ms a table, 4 at a time.
     """
     full = [q for q, n in count_rows(bench, names).items() if n]
-    execute_parallel(bench, [f"TRUNCATE TABLE {q}" for q in full])
+    statements_parallel(bench.connect, [f"TRUNCATE TABLE {q}" for q in full])
     open_every_table(bench.connect)
     settle(bench.connect)
 

@@ -50,7 +50,6 @@ THREADS = 2
 REDIS_BATCH = 200
 GZIP_FILES = 500
 DELETE_BATCH = 500
-TRUNCATE_THREADS = 4
 FORWARD = [n for n, m in MAPPING_TABLES.items() if m.reverse_of is None]
 REVERSE = [n for n, m in MAPPING_TABLES.items() if m.reverse_of is not None]
 SPREAD = "board_followedby_users"
@@ -144,7 +143,7 @@ def delete(f: Fleet, tables: list[Table]) -> None:
     hundred statements. Then wait for InnoDB's purge on both servers."""
     for server in (0, 1):
         whole = [f"TRUNCATE TABLE {t.qualified}" for t in tables if t.server == server and t.whole]
-        statements_parallel(partial(f.connect, server), whole, TRUNCATE_THREADS)
+        statements_parallel(partial(f.connect, server), whole)
         part = [t for t in tables if t.server == server and not t.whole]
         conn = f.connect(server)
         with conn.cursor() as cur:
