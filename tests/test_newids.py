@@ -1,6 +1,7 @@
 """New IDs for legacy rows: pure for small IDs, allocated once for big (or zero) ones."""
 
 import threading
+import time
 
 import pytest
 
@@ -169,3 +170,59 @@ def test_a_zombie_does_not_retire_the_slot_its_successor_wrote(router, moved_pin
     assert router.query(router.host_for(s2), f"SELECT active FROM {q} WHERE local_id = %s",
                         (new & ids.MAX_LOCAL,), s2) == [(1,)]
     assert _recorded(router, b, legacy) == [new]
+
+
+def _lock_waiting(router, shard: int, q: str, deadline: float = 20.0) -> None:
+    """Return once a transaction on ``shard``'s server waits for a lock in an insert into
+    ``q`` (the barrier: the insert has taken its AUTO_INCREMENT values and waits). InnoDB
+    refreshes what ``INNODB_TRX`` shows only after 0.1 s without a read: asked faster, it
+    never changes."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        if router.query(router.host_for(shard), "SELECT COUNT(*) FROM information_schema."
+                        "INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s",
+                        (f"INSERT INTO {q}%",), shard)[0][0]:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no insert into {q} came to wait for the gap lock")
+
+
+def test_placeholders_racing_an_explicit_row_into_a_truncated_table_are_allocated_again(
+        router):
+    """A table truncated by hand has its counter back at 1. A placeholder insert took the
+    values 1 and 2 and waited for a lock before writing them; meanwhile a legacy row wrote
+    its own slot 1 (a small legacy ID is its local ID) and committed. The insert then hit
+    that row: MySQL 1062 failed the chunk for good (seen in CI with two migrate runs
+    loading one range). Now a duplicate there counts as a lost race: the counter is raised
+    above 2**35 and the placeholders are inserted again."""
+    shard = SHARDS_B[0] + 7
+    q = shard_table(shard, "pins")
+    router.run(shard, lambda cur: cur.execute(f"TRUNCATE TABLE {q}"))
+    wanted = [(SPEC["pins"], 2**41 + i, shard) for i in (1, 2)]
+    got, failed = [], []
+
+    def allocate() -> None:
+        n = NewIds(router)
+        try:
+            n.prepare(wanted)
+            got.extend(n.new_id(tbl, legacy, s) for tbl, legacy, s in wanted)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            failed.append(exc)
+    with router.connection(router.host_for(shard), shard) as gate, gate.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute(f"SELECT local_id FROM {q} WHERE local_id >= 0 FOR UPDATE")  # the gap
+        t = threading.Thread(target=allocate)
+        t.start()
+        _lock_waiting(router, shard, q)
+        cur.execute(f"INSERT INTO {q} (local_id, data, active) VALUES (1, %s, 1)",
+                    ('{"legacy_id": 1}',))
+        cur.execute("COMMIT")
+    t.join(60)
+    try:
+        assert failed == [] and len(got) == 2
+        assert all(ids.decode(g).local > FLOOR for g in got)
+        rows = router.query(router.host_for(shard), f"SELECT local_id, active FROM {q} "
+                            "ORDER BY local_id", (), shard)
+        assert rows == [(1, 1), *sorted((ids.decode(g).local, 0) for g in got)]
+    finally:
+        router.run(shard, lambda cur: cur.execute(f"DELETE FROM {q}"))
