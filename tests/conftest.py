@@ -175,8 +175,26 @@ def ledger(settings):
     ensure_database(settings.control_dsn)
     control_schema.ensure(settings.control_dsn)
     led = Ledger(settings.control_dsn)
+    _LEDGER.append(led)
     yield led
+    _LEDGER.clear()
     led.close()
+
+
+_LEDGER: list = []  # the session's ledger, once a test asked for it
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_run_left_running():
+    """After each module, cancel the runs it left running or paused (a test that runs a
+    chunk or two in-process, or kills its workers, leaves its run unfinished): the next
+    module's workers would otherwise take up their chunks (housekeeping dispatches the
+    pending chunks of every running run) beside that module's own runs. Concurrent runs
+    are tested where a test makes them on purpose."""
+    yield
+    for led in _LEDGER:
+        for run_id in led.runs(limit=10_000, active_only=True):
+            led.cancel(run_id)
 
 
 @pytest.fixture
