@@ -1,7 +1,6 @@
 """New IDs for legacy rows: pure for small IDs, allocated once for big (or zero) ones."""
 
 import threading
-import time
 
 import pytest
 
@@ -13,6 +12,7 @@ from sharding.fencing import FenceToken
 from sharding.modshard import bucket_of, legacy_key
 from sharding.schema import mod_table, shard_table
 from tests.conftest import SHARDS_A, SHARDS_B
+from tests.farmkit import until
 
 FLOOR = ids.FIRST_ALLOCATED - 1  # every allocated local ID is above: 2**35 and up
 
@@ -172,19 +172,14 @@ def test_a_zombie_does_not_retire_the_slot_its_successor_wrote(router, moved_pin
     assert _recorded(router, b, legacy) == [new]
 
 
-def _lock_waiting(router, shard: int, q: str, deadline: float = 20.0) -> None:
-    """Return once a transaction on ``shard``'s server waits for a lock in an insert into
-    ``q`` (the barrier: the insert has taken its AUTO_INCREMENT values and waits). InnoDB
-    refreshes what ``INNODB_TRX`` shows only after 0.1 s without a read: asked faster, it
-    never changes."""
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if router.query(router.host_for(shard), "SELECT COUNT(*) FROM information_schema."
+def _insert_waits(router, shard: int, q: str) -> int:
+    """How many transactions on ``shard``'s server wait for a lock in an insert into ``q``
+    (the barrier: the insert has taken its AUTO_INCREMENT values and waits). InnoDB
+    refreshes what ``INNODB_TRX`` shows only after 0.1 s without a read: polled faster, it
+    never changes (``until`` polls every 0.2 s)."""
+    return router.query(router.host_for(shard), "SELECT COUNT(*) FROM information_schema."
                         "INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE %s",
-                        (f"INSERT INTO {q}%",), shard)[0][0]:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"no insert into {q} came to wait for the gap lock")
+                        (f"INSERT INTO {q}%",), shard)[0][0]
 
 
 def test_placeholders_racing_an_explicit_row_into_a_truncated_table_are_allocated_again(
@@ -213,7 +208,8 @@ def test_placeholders_racing_an_explicit_row_into_a_truncated_table_are_allocate
         cur.execute(f"SELECT local_id FROM {q} WHERE local_id >= 0 FOR UPDATE")  # the gap
         t = threading.Thread(target=allocate)
         t.start()
-        _lock_waiting(router, shard, q)
+        until(lambda: _insert_waits(router, shard, q), timeout=20, every=0.2,
+              what=f"an insert into {q} waiting for the gap lock")
         cur.execute(f"INSERT INTO {q} (local_id, data, active) VALUES (1, %s, 1)",
                     ('{"legacy_id": 1}',))
         cur.execute("COMMIT")
