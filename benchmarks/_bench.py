@@ -80,6 +80,7 @@ class Measure:
     rows: int
     seconds: float
     server_cpu: float | None = None  # the server's CPU seconds meanwhile, where measured
+    statements_cpu: float | None = None  # of which its connection threads', where measured
 
     @property
     def rate(self) -> float:

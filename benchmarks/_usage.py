@@ -32,6 +32,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each thread of a process so far, by thread ID (a
+    thread that ends meanwhile is skipped)."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def children(pid: int) -> list[int]:
     """The direct child processes of ``pid`` (a worker supervisor's: its workers)."""
     return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -114,7 +114,9 @@ def run(bench: Bench, users: int, repeat: int, profile_path: str | None, chunk_r
             say(f"migration {i + 1} of {repeat}" + (" (profiled)" if profile else ""))
             if digests:
                 _digests.reset(bench.server)
-            with (_phases.installed(bench.server.proc.pid) if phases else nullcontext()) as by:
+            counting = _phases.installed(bench.server.proc.pid, bench.connect) if phases \
+                else nullcontext()
+            with counting as by:
                 report(f"run {i + 1}{'p' if profile else ''}",
                        *migrate_inline(rt, chunk_rows, slice_rows, profile, servers))
             if by is not None:
@@ -145,7 +147,8 @@ def reference(bench: Bench, digests: bool = False, by_table: bool = False) -> No
         _digests.report("LOAD DATA reference", bench.server)
     shutil.rmtree(into, ignore_errors=True)
     print(f"reference: LOAD DATA of {load.rows:,} target rows in {load.seconds:.1f} s, "
-          f"target server {load.server_cpu:.2f} CPU-s")
+          f"target server {load.server_cpu:.2f} CPU-s ({load.statements_cpu:.2f} in the loading "
+          "connections' threads)")
 
 
 def main(argv: Iterable[str] | None = None) -> None:
