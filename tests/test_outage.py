@@ -8,7 +8,7 @@ import logging
 import pytest
 import redis
 
-from workers.outage import Outage
+from workers.outage import Outage, unwritable
 
 
 def _refused() -> None:
@@ -61,3 +61,45 @@ def test_a_refused_password_is_not_an_outage(refused):
     with pytest.raises(type(refused)):
         outage.call(step, None)
     assert outage.since is None
+
+
+def _read_only() -> None:
+    raise redis.exceptions.ReadOnlyError("You can't write against a read only replica.",
+                                         status_code="READONLY")
+
+
+def test_a_redis_refusing_writes_is_an_outage_that_only_a_write_ends(caplog):
+    """A demoted master answers reads: a step that only read does not end the outage (the
+    supervisor's loop read, then wrote, and said the outage ended and began every tick)."""
+    outage = Outage("redis://127.0.0.1:6390/0")
+    with caplog.at_level(logging.WARNING, logger="workers.outage"):
+        assert outage.call(_read_only, "skipped") == "skipped"
+        assert outage.call(lambda: "read", None, writes=False) == "read"
+        assert outage.since is not None
+        assert outage.call(_read_only, "skipped") == "skipped"
+        assert outage.call(lambda: "wrote", None) == "wrote"
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith("Redis at redis://127.0.0.1:6390/0 refuses writes (READONLY You "
+                              "can't write against a read only replica.); the workers keep")
+    assert said[1].startswith("Redis at redis://127.0.0.1:6390/0 takes writes again after ")
+    assert outage.since is None
+
+
+def test_a_read_ends_an_outage_of_a_redis_that_did_not_answer():
+    outage = Outage("redis://127.0.0.1:6390/0")
+    outage.call(_refused, None)
+    assert outage.call(lambda: "read", None, writes=False) == "read" and outage.since is None
+
+
+@pytest.mark.parametrize(("error", "expected"), [
+    (redis.exceptions.ReadOnlyError("You can't write"), True),
+    (redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+     True),
+    (redis.exceptions.MasterDownError("Link with MASTER is down"), True),
+    (redis.ResponseError("UNBLOCKED force unblock from blocking operation, instance state "
+                         "changed (master -> replica?)"), True),
+    (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), False),
+    (redis.ConnectionError("Connection refused"), False)])
+def test_which_errors_say_redis_takes_no_writes(error, expected):
+    assert unwritable(error) is expected

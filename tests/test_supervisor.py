@@ -6,6 +6,7 @@ is restarted after a growing pause, not in a loop, while a killed one is replace
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from jobs import enqueue_many, runs
 from shardfarm.errors import FarmError
 from tests.conftest import park_unfinished_runs, run_farm
 from tests.farmkit import children, output, start_workers, stop, until
-from tests.servers import PrivateRedis
+from tests.servers import PrivateRedis, free_port
 from workers import burst, maintenance, supervisor
 from workers.supervisor import MAX_RESPAWN_PAUSE, MAX_WORKERS, Supervisor
 
@@ -317,9 +318,12 @@ class _Outage:
 
     def __init__(self, settings, monkeypatch, burst: bool = False, rounds: int = 3,
                  back: bool = True, stop_after: int | None = None,
-                 wait_for_worker: bool = True) -> None:
+                 wait_for_worker: bool = True, replica: bool = False) -> None:
         monkeypatch.setattr(supervisor, "MAINTENANCE_EVERY", 0.0)
         self.server = PrivateRedis.start()
+        self.replica = replica  # not stopped: made a replica of a master that is not there
+        self.back_at = 0.0
+        self.lived: list[int] = []  # workers alive when the outage ended
         self.port, self.rounds, self.back, self.stop_after = (self.server.port, rounds, back,
                                                               stop_after)
         self.conn = redis.Redis.from_url(self.server.url(), socket_timeout=5)
@@ -339,18 +343,41 @@ class _Outage:
     def round(self, rt, owner: str, queues: list[str]) -> bool:
         if not self.down:
             if not self.wait_for_worker or Worker.count(connection=self.conn):
-                self.server.stop()
+                self._begin()
                 self.down.append(0)
-        elif self.server.proc.poll() is not None:
+        elif self._ongoing():
             self.down[0] += 1
             assert self.down[0] < 120, "a hang guard: the supervisor never ended the outage"
             if self.back and self.down[0] == self.rounds:
-                self.server = PrivateRedis.start(port=self.port)
+                self._end()
             elif self.down[0] == self.stop_after:
                 self._ask_to_stop()
-        elif self.conn.hlen(keys.supervisors()):  # it heartbeats in the new Redis
+        elif self._heartbeat_since_back():  # it heartbeats in Redis again
             self._ask_to_stop()
         return self.real_round(rt, owner, queues)
+
+    def _begin(self) -> None:
+        if self.replica:  # writes now fail with READONLY; a blocked BLMOVE is unblocked
+            self.conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        else:
+            self.server.stop()
+
+    def _ongoing(self) -> bool:
+        if self.replica:
+            return self.conn.info("replication")["role"] != "master"
+        return self.server.proc.poll() is not None
+
+    def _end(self) -> None:
+        self.back_at = time.time()
+        self.lived = [c.pid for c in self.sup.children if c.poll() is None]
+        if self.replica:
+            self.conn.execute_command("REPLICAOF", "NO", "ONE")
+        else:
+            self.server = PrivateRedis.start(port=self.port)
+
+    def _heartbeat_since_back(self) -> bool:
+        beats = [json.loads(v) for v in self.conn.hvals(keys.supervisors())]
+        return any(b["at"] > self.back_at for b in beats)
 
     def _ask_to_stop(self) -> None:
         if not self.asked:
@@ -383,6 +410,25 @@ def test_a_redis_outage_leaves_the_workers_running_and_the_supervisor_takes_up_a
     assert len(said) == 2, said
     assert said[0].startswith(f"Redis at redis://127.0.0.1:{outage.port}/0 does not answer (")
     assert said[1].startswith(f"Redis at redis://127.0.0.1:{outage.port}/0 answers again after")
+
+
+def test_a_redis_that_refuses_writes_leaves_the_workers_running_and_the_supervisor_takes_up(
+        settings, monkeypatch, caplog):
+    """Redis made a replica (a failover that demoted it: every write refused with
+    ``READONLY``, the worker's blocked dequeue unblocked with an error) for three housekeeping
+    rounds: the supervisor says so once and rides it out like an outage, its worker with it
+    (before, the supervisor's heartbeat ended it, and the worker crashed at its dequeue);
+    made master again: it says so, heartbeats again, and stops cleanly when asked."""
+    outage = _Outage(settings, monkeypatch, replica=True)
+    with caplog.at_level(logging.WARNING, logger="workers.outage"):
+        assert outage.run() == 0
+    assert outage.down == [3] and outage.asked
+    assert outage.lived == outage.spawned and len(outage.spawned) == 1  # the same worker
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    where = f"Redis at redis://127.0.0.1:{outage.port}/0"
+    assert said[0].startswith(f"{where} refuses writes (READONLY "), said
+    assert said[1].startswith(f"{where} takes writes again after"), said
 
 
 def test_a_burst_stops_once_redis_has_not_answered_for_the_limit(settings, monkeypatch):

@@ -1,8 +1,10 @@
 """A loop that rides out a Redis outage: the step that needs Redis is skipped while Redis
-does not answer, said once when the outage starts and once when it ends.
+does not answer or refuses writes, said once when the outage starts and once when it ends.
 
 rq's workers retry Redis for ever (with a growing pause) rather than exit; the supervisor
-does the same, so a Redis restart or a network blip never stops the workers of a host.
+does the same, so a Redis restart, a network blip or a failover (the old master, now a
+replica, refuses writes with ``READONLY`` until it is promoted again or the URL is changed)
+never stops the workers of a host.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from shardfarm.redact import redact
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+# a Redis that answers but takes no writes for now: a replica (after a failover), a replica
+# cut off from its master, a Redis at its memory limit
+UNWRITABLE = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError,
+              redis.exceptions.OutOfMemoryError)
 # connection errors that are not an outage: a password or user Redis refuses (fix the URL)
 REFUSED = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
 
@@ -29,22 +35,42 @@ class Outage:
     def __init__(self, where: str) -> None:
         self.where = where
         self.since: float | None = None  # monotonic start of the outage; None: Redis answers
+        self._writes = False  # the outage is one of writes refused (``UNWRITABLE``)
 
-    def call(self, step: Callable[[], T], default: T) -> T:
+    def call(self, step: Callable[[], T], default: T, writes: bool = True) -> T:
         """``step()``, or ``default`` while Redis does not answer (``UNREACHABLE``, not
-        ``REFUSED``: that one is raised, as any other error)."""
+        ``REFUSED``: that one is raised, as any other error) or refuses writes
+        (``UNWRITABLE``). A step that only reads (not ``writes``) ends an outage of the
+        first kind, not of the second (a replica answers reads)."""
         try:
             value = step()
-        except UNREACHABLE as exc:
+        except UNREACHABLE + UNWRITABLE as exc:
             if isinstance(exc, REFUSED):
                 raise
             if self.since is None:
                 self.since = time.monotonic()
-                log.warning("Redis at %s does not answer (%s); the workers keep running and "
-                            "Redis is tried again every tick", self.where, redact(str(exc)))
+                self._writes = isinstance(exc, UNWRITABLE)
+                log.warning("Redis at %s %s (%s); the workers keep running and Redis is tried "
+                            "again every tick", self.where,
+                            "refuses writes" if self._writes else "does not answer",
+                            redact(_said(exc)))
             return default
-        if self.since is not None:
-            log.warning("Redis at %s answers again after %.0f s", self.where,
+        if self.since is not None and (writes or not self._writes):
+            log.warning("Redis at %s %s again after %.0f s", self.where,
+                        "takes writes" if self._writes else "answers",
                         time.monotonic() - self.since)
             self.since = None
         return value
+
+
+def unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis takes no writes for now (``UNWRITABLE``, or a blocked
+    command a master turned replica unblocked: ``UNBLOCKED … instance state changed``)."""
+    return isinstance(exc, UNWRITABLE) or (
+        isinstance(exc, redis.ResponseError) and str(exc).startswith("UNBLOCKED"))
+
+
+def _said(exc: Exception) -> str:
+    """The error as Redis said it: its code (``READONLY``, ``OOM``) before its text."""
+    code = getattr(exc, "status_code", None)
+    return f"{code} {exc}" if code else str(exc)

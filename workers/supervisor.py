@@ -36,7 +36,7 @@ from shardfarm.redact import redact, redact_url
 from shardfarm.settings import Settings
 from workers import burst, maintenance
 from workers.metrics import ENV_KEY, SupervisorMetrics
-from workers.outage import UNREACHABLE, Outage
+from workers.outage import UNREACHABLE, UNWRITABLE, Outage
 
 log = logging.getLogger(__name__)
 TICK = 0.5
@@ -330,7 +330,7 @@ class Supervisor:
                                             "not answer: what the burst ran is not known "
                                             "('farm status' once Redis is back)")
                 else:  # while Redis does not answer, the last desired count holds
-                    self.redis.call(self.poll_remote, None)
+                    self.redis.call(self.poll_remote, None, writes=False)
                     self.converge()
                 self.redis.call(self.report, None)
                 if self.burst:
@@ -350,7 +350,7 @@ class Supervisor:
         finally:
             try:
                 self._forget()
-            except UNREACHABLE as exc:
+            except UNREACHABLE + UNWRITABLE as exc:
                 log.warning("this supervisor's heartbeat is left in Redis at %s (%s); 'farm "
                             "status' ages it out", self.redis.where, redact(str(exc)))
             self.rt.close()

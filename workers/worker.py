@@ -29,10 +29,12 @@ from jobs.status import worker_name
 from shardfarm import log as farm_log
 from shardfarm.errors import FarmError
 from shardfarm.lists import queues
+from shardfarm.redact import redact
 from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
 from workers import burst
 from workers.metrics import report_job
+from workers.outage import unwritable
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5
@@ -76,6 +78,26 @@ class FarmWorker(SimpleWorker):
         # same job (delivered again) is timed afresh, not taken for abandoned at once
         mark = rq_queue(self.connection, job.origin).intermediate_queue.get_first_seen_key
         self.connection.delete(mark(job.id))
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None,
+                                     max_idle_time: int | None = None
+                                     ) -> tuple[Job, Queue] | None:
+        """rq's, riding out a Redis that refuses writes (``workers.outage.unwritable``: a
+        failover's demoted master, which also unblocks a waiting dequeue with an error) as
+        rq rides out one that does not answer: tried again after a growing pause, each
+        pause said (rq let the error end the worker)."""
+        wait = 1.0
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except redis.ResponseError as exc:
+                if not unwritable(exc):
+                    raise
+                log.warning("Redis refuses writes (%s); trying again in %.0f s",
+                            redact(str(exc)), wait)
+                time.sleep(wait)
+                wait = min(wait * self.exponential_backoff_factor,
+                           self.max_connection_wait_time)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run the job in this process with a heartbeat thread beside it.
