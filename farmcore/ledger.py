@@ -213,13 +213,10 @@ class Ledger(LedgerReports):
         Called after every chunk, so its cost must not grow with the run: while a chunk is
         pending or running it is two index look-ups (and no write unless the run had ended);
         the chunks are summed once, when none is left, into the run's summary columns (not
-        when ``cancelled_at`` changed meanwhile: ``cancel`` and a retry refresh it again).
+        when ``cancelled_at`` changed meanwhile: ``cancel`` and a retry refresh it again, nor
+        once a chunk is pending again: a retry came between the sums and the write).
         """
-        (busy,), = self.pool.query(
-            "SELECT EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'pending') OR "
-            "EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'running')",
-            (run_id, run_id))
-        if busy:
+        if self._busy(run_id):
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
                               "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "
                               "WHERE run_id = %s AND status <> 'running'", (run_id,))
@@ -229,12 +226,22 @@ class Ledger(LedgerReports):
             "COALESCE(SUM(rows_written), 0), (SELECT cancelled_at IS NOT NULL FROM runs WHERE "
             "run_id = %s) FROM chunks WHERE run_id = %s", (run_id, run_id))
         status = ended_status(int(failed), bool(cancelled))
-        self.pool.execute("UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, "
-                          "NOW(3)), chunks_done = %s, chunks_failed = %s, rows_written = %s "
-                          f"WHERE run_id = %s AND status <> '{PRUNING}' "  # rows going
-                          "AND (cancelled_at IS NOT NULL) = %s",
-                          (status, done, failed, written, run_id, bool(cancelled)))
-        return status
+        ended = self.pool.execute(
+            "UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, NOW(3)), "
+            "chunks_done = %s, chunks_failed = %s, rows_written = %s "
+            f"WHERE run_id = %s AND status <> '{PRUNING}' "  # rows going
+            "AND (cancelled_at IS NOT NULL) = %s AND NOT EXISTS (SELECT 1 FROM chunks WHERE "
+            "run_id = %s AND state IN ('pending', 'running'))",
+            (status, done, failed, written, run_id, bool(cancelled), run_id))
+        return RUNNING if not ended and self._busy(run_id) else status
+
+    def _busy(self, run_id: str) -> bool:
+        """Whether a chunk of the run is pending or running (two index look-ups)."""
+        (busy,), = self.pool.query(
+            "SELECT EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'pending') OR "
+            "EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'running')",
+            (run_id, run_id))
+        return bool(busy)
 
     # -- chunks -------------------------------------------------------------------------
     def claim(self, run_id: str, chunk_id: int, owner: str,

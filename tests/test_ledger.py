@@ -284,3 +284,28 @@ def test_a_cancelled_run_ends_as_cancelled_until_a_retry_of_it_takes_it_up(ledge
     ledger.finish(ledger.claim(run, 1, "w"), Outcome())
     ledger.fail(ledger.claim(run, 2, "w"), "boom", None)
     assert ledger.refresh_status(run) == "failed"
+
+
+def test_a_retry_between_a_refresh_s_sums_and_its_write_leaves_the_run_running(ledger,
+                                                                                 monkeypatch):
+    """A refresh found no chunk left (the last one had failed) and summed the chunks; a
+    ``farm retry-failed`` then put that chunk back to pending and the run to running. The
+    refresh's write used to mark the run failed over that, and return ``failed``: a
+    ``--wait`` on the run exited 1 while its chunk ran again, and housekeeping dispatches no
+    chunk of a run that is not running."""
+    run = _run(ledger, 1)
+    ledger.fail(ledger.claim(run, 0, "w"), "bad input", retry_in=None)
+    real = ledger.pool.query
+
+    def query(sql, params=()):  # the barrier: the retry lands right after the sums
+        rows = real(sql, params)
+        if "SUM(state = 'failed')" in sql:
+            assert ledger.reset_failed(run) == 1
+        return rows
+    monkeypatch.setattr(ledger.pool, "query", query)
+    assert ledger.refresh_status(run) == "running"
+    monkeypatch.setattr(ledger.pool, "query", real)
+    assert ledger.run(run)["status"] == "running"
+    assert ledger.chunk(run, 0)["state"] == "pending"
+    ledger.finish(ledger.claim(run, 0, "w"), Outcome())
+    assert ledger.refresh_status(run) == "done"
