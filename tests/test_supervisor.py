@@ -140,6 +140,21 @@ def test_a_burst_counts_what_did_not_succeed_last_time_it_ran(rt, monkeypatch):
     assert "is not a hash" in burst.summary_line(burst.count(rt.redis, key), key)
 
 
+def test_a_burst_outcome_redis_refuses_to_note_is_not_taken_for_a_success(monkeypatch):
+    """A Redis that refuses writes (here a replica) when a worker notes a failed chunk: the
+    error ends the worker (its burst exits 1), where it used to be logged as "not a hash"
+    and the burst, counting nothing, exited 0."""
+    server = PrivateRedis.start()
+    try:
+        conn = redis.Redis.from_url(server.url())
+        monkeypatch.setenv(burst.ENV_KEY, burst.new_key("test:1"))
+        conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        with pytest.raises(redis.exceptions.ReadOnlyError):
+            burst.record(conn, {"r/1": ("chunk", "failed")})
+    finally:
+        server.stop()
+
+
 def _ended(sup: Supervisor, *code: str) -> subprocess.Popen:
     """A real child of ``sup`` that ran ``code`` and has exited, reaped by ``sup``."""
     child = subprocess.Popen([sys.executable, "-c", "\n".join(code)])

@@ -4,17 +4,22 @@ nothing foreign is imported, and every refused job is listed by `farm failed`.""
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 
 import pytest
 import redis
 from rq import Callback, Queue, Worker
+from rq.exceptions import StopRequested
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from jobs.queue import rq_queue
+from shardfarm.settings import Settings
 from tests.conftest import run_farm
 from tests.farmkit import start_workers, stop, until
+from workers.worker import build
 
 ITEMS = [["i1", {"key": "a", "value": 1}]]
 
@@ -125,3 +130,36 @@ def test_workers_started_before_shards_init_say_so_once_and_wait(env, conn):
     said = [line for line in out.splitlines() if "farm shards init" in line]
     assert len(said) == 1 and "Traceback" not in out, out
     assert "_not_made_yet" in said[0] or "1049" in said[0]
+
+
+def _work_restoring_signals(worker) -> None:
+    """``worker.work(burst=True)`` here (rq installs its signal handlers: put back after)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.work(burst=True, with_scheduler=False)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_a_worker_rq_ended_on_an_error_exits_1_not_0(env, conn, monkeypatch):
+    """rq logs an exception nothing handled (here one raised as a job is taken up, outside
+    the job), ends its loop and returns as if it had ended well: the worker exited 0, and a
+    burst whose worker quit so, its job not done, exited 0. A burst that found no job left,
+    and a worker asked to stop, end 0."""
+    settings = Settings.from_env(env)
+    rq_queue(conn, "unhandled").enqueue("builtins.print", "never run")
+    worker = build(settings, ["unhandled"])
+
+    def broken(job, queue) -> None:
+        raise RuntimeError("a fault outside any job")
+    monkeypatch.setattr(worker, "execute_job", broken)
+    _work_restoring_signals(worker)
+    assert worker.exit_status() == 1
+    worker = build(settings, ["unhandled"])  # the queue is empty now
+    _work_restoring_signals(worker)
+    assert worker.exit_status() == 0
+    worker = build(settings, ["unhandled"])
+    with pytest.raises(StopRequested):
+        worker.request_stop(signal.SIGTERM, None)
+    assert worker.exit_status() == 0

@@ -48,7 +48,9 @@ def record(conn: redis.Redis, ended: dict[str, tuple[str, str]]) -> None:
     pipe.expire(key, KEY_TTL)
     try:
         pipe.execute()
-    except redis.ResponseError:  # not a hash (written into Redis): the supervisor says so
+    except redis.ResponseError as exc:  # not a hash (written into Redis): the supervisor
+        if "WRONGTYPE" not in str(exc):  # says so. Any other refusal (READONLY, OOM) ends
+            raise  # the worker: its burst then exits 1 (an outcome not noted is not a success)
         log.warning("could not note this job's end for the burst: %s is not a hash", key)
 
 

@@ -322,7 +322,8 @@ class Supervisor:
                 if self.stopping or self.burst:
                     self._enforce_cold_stop()
                     if not self.alive():
-                        ended = self.redis.call(self._burst_ended, None) if self.burst else 0
+                        ended = self.redis.call(self._burst_ended, None, writes=False) \
+                            if self.burst else 0
                         if ended is not None:  # a burst's count waits for Redis
                             return ended
                         if self.stopping:  # not for the outage limit: asked to stop now

@@ -63,6 +63,20 @@ class FarmWorker(SimpleWorker):
         super().__init__(queues, connection=connection, serializer=JSONSerializer,
                          job_class=FarmJob, **kwargs)
         self._last_suspension_check = 0.0
+        self.ended_as_asked = False  # stopped by a signal, or a burst with nothing left
+
+    def request_stop(self, signum: int, frame: object) -> None:
+        """rq's warm stop (SIGINT, SIGTERM), noted: the loop then ends as asked."""
+        self.ended_as_asked = True
+        super().request_stop(signum, frame)
+
+    def exit_status(self) -> int:
+        """The process's exit status once ``work()`` returned: 0 when its loop ended as
+        asked (a stop, or a burst that found no job left), 1 when rq ended it on an error
+        (an exception nothing handled, a Redis that timed out), which rq logs and then returns
+        as if it had ended well: a burst whose worker quit so is not a burst that did its
+        work."""
+        return 0 if self.ended_as_asked else 1
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Short TTL: the heartbeat thread renews it while the job is alive."""
@@ -89,7 +103,9 @@ class FarmWorker(SimpleWorker):
         wait = 1.0
         while True:
             try:
-                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                taken = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                self.ended_as_asked = self.ended_as_asked or taken is None  # a burst's end
+                return taken
             except redis.ResponseError as exc:
                 if not unwritable(exc):
                     raise
@@ -208,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             logging.getLogger().level), with_scheduler=False)
     finally:
         runtime.get().close()
-    return 0
+    return worker.exit_status()
 
 
 if __name__ == "__main__":
