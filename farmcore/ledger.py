@@ -89,6 +89,11 @@ def new_run_id(kind: str) -> str:
     return f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
+# a run has a chunk pending or running (an SQL condition on ``runs``, its run ID bound)
+_BUSY = ("EXISTS (SELECT 1 FROM chunks WHERE chunks.run_id = %s "
+         "AND chunks.state IN ('pending', 'running'))")
+
+
 class Ledger(LedgerReports):
     """Runs and chunks in the control database (the only writer of ``runs`` and ``chunks``).
 
@@ -214,12 +219,15 @@ class Ledger(LedgerReports):
         pending or running it is two index look-ups (and no write unless the run had ended);
         the chunks are summed once, when none is left, into the run's summary columns (not
         when ``cancelled_at`` changed meanwhile: ``cancel`` and a retry refresh it again, nor
-        once a chunk is pending again: a retry came between the sums and the write).
+        once a chunk is pending again: a retry came between the sums and the write). Each
+        write is guarded by what it read (a chunk pending or running, or none), so a refresh
+        that read before another's write never undoes it.
         """
         if self._busy(run_id):
             self.pool.execute("UPDATE runs SET status = 'running', finished_at = NULL, "
                               "chunks_done = NULL, chunks_failed = NULL, rows_written = NULL "
-                              "WHERE run_id = %s AND status <> 'running'", (run_id,))
+                              f"WHERE run_id = %s AND status <> 'running' AND {_BUSY}",
+                              (run_id, run_id))
             return RUNNING
         (failed, done, written, cancelled), = self.pool.query(
             "SELECT COALESCE(SUM(state = 'failed'), 0), COALESCE(SUM(state = 'done'), 0), "
@@ -230,8 +238,7 @@ class Ledger(LedgerReports):
             "UPDATE runs SET status = %s, finished_at = COALESCE(finished_at, NOW(3)), "
             "chunks_done = %s, chunks_failed = %s, rows_written = %s "
             f"WHERE run_id = %s AND status <> '{PRUNING}' "  # rows going
-            "AND (cancelled_at IS NOT NULL) = %s AND NOT EXISTS (SELECT 1 FROM chunks WHERE "
-            "run_id = %s AND state IN ('pending', 'running'))",
+            f"AND (cancelled_at IS NOT NULL) = %s AND NOT {_BUSY}",
             (status, done, failed, written, run_id, bool(cancelled), run_id))
         return RUNNING if not ended and self._busy(run_id) else status
 

@@ -309,3 +309,27 @@ def test_a_retry_between_a_refresh_s_sums_and_its_write_leaves_the_run_running(l
     assert ledger.chunk(run, 0)["state"] == "pending"
     ledger.finish(ledger.claim(run, 0, "w"), Outcome())
     assert ledger.refresh_status(run) == "done"
+
+
+def test_a_refresh_that_saw_a_chunk_at_work_does_not_undo_the_run_s_end(ledger, monkeypatch):
+    """A refresh read that a chunk was still running; that chunk then finished and its own
+    refresh wrote the run done. The first refresh's write used to put the run back to
+    running over that, with nothing left to run (it stayed so until something refreshed it
+    again)."""
+    run = _run(ledger, 1)
+    lease = ledger.claim(run, 0, "w")
+    real = ledger.pool.query
+    ended: list[str] = []
+
+    def query(sql, params=()):  # the barrier: the chunk ends right after the busy read
+        rows = real(sql, params)
+        if "state = 'running'" in sql and not ended:
+            ended.append("now")
+            monkeypatch.setattr(ledger.pool, "query", real)
+            ledger.finish(lease, Outcome())
+            ended.append(ledger.refresh_status(run))
+        return rows
+    monkeypatch.setattr(ledger.pool, "query", query)
+    ledger.refresh_status(run)
+    assert ended == ["now", "done"]
+    assert ledger.run(run)["status"] == "done"

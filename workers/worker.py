@@ -75,7 +75,8 @@ class FarmWorker(SimpleWorker):
         asked (a stop, or a burst that found no job left), 1 when rq ended it on an error
         (an exception nothing handled, a Redis that timed out), which rq logs and then returns
         as if it had ended well: a burst whose worker quit so is not a burst that did its
-        work."""
+        work. A burst suspended by ``rq suspend`` (rq: "there could still be unfinished jobs
+        on the queue") ends 1 too."""
         return 0 if self.ended_as_asked else 1
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:

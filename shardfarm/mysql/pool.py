@@ -167,8 +167,9 @@ class Pool:
         return self.run(work)
 
     def execute(self, sql: str, params: tuple | list = ()) -> int:
-        """One autocommit statement, retried on transient errors; returns the rows it matched.
-        The caller makes it idempotent (it may have committed before a lost reply)."""
+        """One autocommit statement, retried on transient errors; returns the rows it changed
+        (MySQL's affected rows: a row matched and left as it was is not counted). The caller
+        makes it idempotent (it may have committed before a lost reply)."""
         return self.run(lambda cur: cur.execute(sql, params))
 
     def executemany(self, sql: str, rows: list[tuple] | list[list]) -> None:
