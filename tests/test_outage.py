@@ -99,7 +99,14 @@ def test_a_read_ends_an_outage_of_a_redis_that_did_not_answer():
     (redis.exceptions.MasterDownError("Link with MASTER is down"), True),
     (redis.ResponseError("UNBLOCKED force unblock from blocking operation, instance state "
                          "changed (master -> replica?)"), True),
+    (redis.ResponseError("Error running script (call to f_9f1a): @user_script:3: "
+                         "@user_script: 3: -READONLY You can't write against a read only "
+                         "replica."), True),  # Redis 6.2 inside a script
+    (redis.ResponseError("Error running script (call to f_9f1a): @user_script:3: "
+                         "@user_script: 3: -OOM command not allowed when used memory > "
+                         "'maxmemory'."), True),
     (redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind"), False),
+    (redis.ResponseError("ERR unknown command 'BLMOVE'"), False),
     (redis.ConnectionError("Connection refused"), False)])
 def test_which_errors_say_redis_takes_no_writes(error, expected):
     assert unwritable(error) is expected

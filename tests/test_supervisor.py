@@ -155,6 +155,23 @@ def test_a_burst_outcome_redis_refuses_to_note_is_not_taken_for_a_success(monkey
         server.stop()
 
 
+def test_a_burst_count_redis_refuses_to_read_is_an_outage_not_a_foreign_key():
+    """A replica cut off from its master that serves no stale data (``MASTERDOWN``) when the
+    burst counts what its workers noted: an outage to wait out, where it used to be read as
+    a key something else wrote (exit 1, "cannot tell")."""
+    server = PrivateRedis.start()
+    try:
+        conn = redis.Redis.from_url(server.url())
+        key = burst.new_key("test:1")
+        conn.hset(key, "r/1", "chunk:failed")
+        conn.config_set("replica-serve-stale-data", "no")
+        conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        with pytest.raises(redis.exceptions.MasterDownError):
+            burst.count(conn, key)
+    finally:
+        server.stop()
+
+
 def _ended(sup: Supervisor, *code: str) -> subprocess.Popen:
     """A real child of ``sup`` that ran ``code`` and has exited, reaped by ``sup``."""
     child = subprocess.Popen([sys.executable, "-c", "\n".join(code)])

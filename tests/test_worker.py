@@ -148,14 +148,16 @@ def test_a_worker_rq_ended_on_an_error_exits_1_not_0(env, conn, monkeypatch):
     burst whose worker quit so, its job not done, exited 0. A burst that found no job left,
     and a worker asked to stop, end 0."""
     settings = Settings.from_env(env)
-    rq_queue(conn, "unhandled").enqueue("builtins.print", "never run")
-    worker = build(settings, ["unhandled"])
+    for stop_asked in (False, True):  # True: a warm stop came while the job ran
+        rq_queue(conn, "unhandled").enqueue("builtins.print", "never run")
+        worker = build(settings, ["unhandled"])
 
-    def broken(job, queue) -> None:
-        raise RuntimeError("a fault outside any job")
-    monkeypatch.setattr(worker, "execute_job", broken)
-    _work_restoring_signals(worker)
-    assert worker.exit_status() == 1
+        def broken(job, queue, w=worker, asked=stop_asked) -> None:
+            w.ended_as_asked = asked
+            raise RuntimeError("a fault outside any job")
+        monkeypatch.setattr(worker, "_execute", broken)
+        _work_restoring_signals(worker)
+        assert worker.exit_status() == 1, stop_asked
     worker = build(settings, ["unhandled"])  # the queue is empty now
     _work_restoring_signals(worker)
     assert worker.exit_status() == 0

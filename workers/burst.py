@@ -63,7 +63,9 @@ def count(conn: redis.Redis, key: str) -> Counter[tuple[str, str]] | None:
             kind, _, outcome = value.decode(errors="replace").partition(":")
             ok = kind in PLURAL and outcome in (FAILED, RETRYING)
             found[(kind, outcome) if ok else ("entry", FAILED)] += 1
-    except redis.ResponseError:
+    except redis.ResponseError as exc:  # not a hash; any other refusal (MASTERDOWN) is
+        if "WRONGTYPE" not in str(exc):  # an outage the supervisor waits out
+            raise
         return None
     return found
 

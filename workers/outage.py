@@ -44,12 +44,13 @@ class Outage:
         first kind, not of the second (a replica answers reads)."""
         try:
             value = step()
-        except UNREACHABLE + UNWRITABLE as exc:
-            if isinstance(exc, REFUSED):
+        except redis.RedisError as exc:
+            writes_refused = unwritable(exc)
+            if isinstance(exc, REFUSED) or not (writes_refused or isinstance(exc, UNREACHABLE)):
                 raise
             if self.since is None:
                 self.since = time.monotonic()
-                self._writes = isinstance(exc, UNWRITABLE)
+                self._writes = writes_refused
                 log.warning("Redis at %s %s (%s); the workers keep running and Redis is tried "
                             "again every tick", self.where,
                             "refuses writes" if self._writes else "does not answer",
@@ -62,12 +63,25 @@ class Outage:
             self.since = None
         return value
 
+    @property
+    def what(self) -> str:
+        """What the outage under way is: ``has not answered`` or ``has refused writes``."""
+        return "has refused writes" if self._writes else "has not answered"
+
+
+# the same refusals inside a script (Redis before 7.0 wraps them: "Error running script
+# ... -READONLY ..."); a blocked command a master turned replica unblocked starts "UNBLOCKED "
+_UNWRITABLE_TEXT = ("-READONLY ", "-OOM ", "-MASTERDOWN ")
+
 
 def unwritable(exc: BaseException) -> bool:
-    """Whether ``exc`` says Redis takes no writes for now (``UNWRITABLE``, or a blocked
-    command a master turned replica unblocked: ``UNBLOCKED … instance state changed``)."""
-    return isinstance(exc, UNWRITABLE) or (
-        isinstance(exc, redis.ResponseError) and str(exc).startswith("UNBLOCKED"))
+    """Whether ``exc`` says Redis takes no writes for now (``UNWRITABLE``, or such a refusal
+    reported as a plain ``ResponseError``)."""
+    if isinstance(exc, UNWRITABLE):
+        return True
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (
+        text.startswith("UNBLOCKED ") or any(t in text for t in _UNWRITABLE_TEXT))
 
 
 def _said(exc: Exception) -> str:

@@ -362,7 +362,7 @@ class Supervisor:
         any outage out)."""
         since = self.redis.since
         if since is not None and time.monotonic() - since >= BURST_OUTAGE_LIMIT:
-            raise FarmError(f"Redis at {self.redis.where} has not answered for "
+            raise FarmError(f"Redis at {self.redis.where} {self.redis.what} for "
                             f"{BURST_OUTAGE_LIMIT:g} s; the burst stops (a chunk it held is "
                             "taken over once its lease expires; 'farm resume RUN' once Redis "
                             "is back)")

@@ -64,6 +64,7 @@ class FarmWorker(SimpleWorker):
                          job_class=FarmJob, **kwargs)
         self._last_suspension_check = 0.0
         self.ended_as_asked = False  # stopped by a signal, or a burst with nothing left
+        self.broke = False  # a job's execution or a dequeue raised (rq then ends the loop)
 
     def request_stop(self, signum: int, frame: object) -> None:
         """rq's warm stop (SIGINT, SIGTERM), noted: the loop then ends as asked."""
@@ -73,11 +74,12 @@ class FarmWorker(SimpleWorker):
     def exit_status(self) -> int:
         """The process's exit status once ``work()`` returned: 0 when its loop ended as
         asked (a stop, or a burst that found no job left), 1 when rq ended it on an error
-        (an exception nothing handled, a Redis that timed out), which rq logs and then returns
-        as if it had ended well: a burst whose worker quit so is not a burst that did its
-        work. A burst suspended by ``rq suspend`` (rq: "there could still be unfinished jobs
-        on the queue") ends 1 too."""
-        return 0 if self.ended_as_asked else 1
+        (an exception nothing handled, a Redis that timed out; also after a stop was asked,
+        as a job's bookkeeping fails), which rq logs and then returns as if it had ended
+        well: a burst whose worker quit so is not a burst that did its work. A burst
+        suspended by ``rq suspend`` (rq: "there could still be unfinished jobs on the
+        queue") ends 1 too."""
+        return 0 if self.ended_as_asked and not self.broke else 1
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         """Short TTL: the heartbeat thread renews it while the job is alive."""
@@ -109,6 +111,7 @@ class FarmWorker(SimpleWorker):
                 return taken
             except redis.ResponseError as exc:
                 if not unwritable(exc):
+                    self.broke = True
                     raise
                 log.warning("Redis refuses writes (%s); trying again in %.0f s",
                             redact(str(exc)), wait)
@@ -117,6 +120,14 @@ class FarmWorker(SimpleWorker):
                            self.max_connection_wait_time)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        """``_execute``, an error out of it noted for the exit status (``broke``)."""
+        try:
+            self._execute(job, queue)
+        except Exception:
+            self.broke = True
+            raise
+
+    def _execute(self, job: Job, queue: Queue) -> None:
         """Run the job in this process with a heartbeat thread beside it.
 
         A job the policy refuses is failed without a retry (``FarmJob.func`` raises before
