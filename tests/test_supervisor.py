@@ -197,6 +197,21 @@ def test_a_worker_that_fails_as_it_starts_is_restarted_after_a_growing_pause(set
     assert sup._spawn_after - time.monotonic() <= MAX_RESPAWN_PAUSE  # up to a bound
 
 
+def test_a_worker_that_fails_long_after_it_started_resets_the_growing_pause(settings):
+    """A worker that had started well and then exited 1 (rq ended its loop on an error) is
+    not a failure to start: the next failure to start pauses 2 s again, not 2**n s."""
+    sup = Supervisor(settings, 1, ["farm"])
+    for _ in range(3):
+        _ended(sup, "raise SystemExit(1)")
+    late = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    sup._started[late.pid] = time.monotonic() - supervisor.FAST_FAIL - 1
+    sup.children.append(late)
+    late.wait(timeout=30)
+    sup.alive()
+    _ended(sup, "raise SystemExit(1)")
+    assert 1 < sup._spawn_after - time.monotonic() <= 2
+
+
 def test_a_worker_that_crashes_as_it_starts_is_restarted_after_a_pause(settings):
     """A crash signal (an abort, a segfault in an extension at import) soon after start is a
     failure to start like an error exit: before, such a worker was restarted every tick."""

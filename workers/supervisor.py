@@ -221,11 +221,13 @@ class Supervisor:
             self.ended_badly.append(f"pid {child.pid}: {how}")
         log.warning("worker %d ended (%s)", child.pid, how)
         crashed = code > 0 or -code in CRASH_SIGNALS
-        if crashed and time.monotonic() - started < FAST_FAIL:
-            self._failing += 1
-            pause = min(MAX_RESPAWN_PAUSE, 2.0 ** self._failing)
-            self._spawn_after = time.monotonic() + pause
-            log.warning("workers fail as they start; the next starts in %g s", pause)
+        if not (crashed and time.monotonic() - started < FAST_FAIL):
+            self._failing = 0  # it had started well (a worker rq ended on an error exits 1)
+            return
+        self._failing += 1
+        pause = min(MAX_RESPAWN_PAUSE, 2.0 ** self._failing)
+        self._spawn_after = time.monotonic() + pause
+        log.warning("workers fail as they start; the next starts in %g s", pause)
 
     def spawn(self) -> None:
         """Start one worker process."""
