@@ -212,6 +212,24 @@ def test_a_worker_that_fails_long_after_it_started_resets_the_growing_pause(sett
     assert 1 < sup._spawn_after - time.monotonic() <= 2
 
 
+def test_no_worker_is_started_while_redis_is_out(settings, monkeypatch):
+    """A worker started while Redis does not answer or refuses writes exits at once (rq
+    registers it in Redis first): the supervisor waits for the outage's end instead of
+    starting workers that fail and pausing as for a worker that cannot start."""
+    sup = Supervisor(settings, 2, ["farm"])
+    started: list[int] = []
+    monkeypatch.setattr(sup, "spawn", lambda: started.append(1))
+    try:
+        sup.redis.since = time.monotonic()
+        sup.converge()
+        assert started == []
+        sup.redis.since = None
+        sup.converge()
+        assert started == [1, 1]
+    finally:
+        sup.rt.close()
+
+
 def test_a_worker_that_crashes_as_it_starts_is_restarted_after_a_pause(settings):
     """A crash signal (an abort, a segfault in an extension at import) soon after start is a
     failure to start like an error exit: before, such a worker was restarted every tick."""

@@ -256,9 +256,11 @@ class Supervisor:
         return env
 
     def converge(self) -> None:
-        """Start or stop (warm) workers until ``desired`` are running."""
+        """Start or stop (warm) workers until ``desired`` are running; none is started while
+        Redis does not answer or refuses writes (rq's worker could not register: it would
+        exit at once, and be taken for one that fails as it starts)."""
         live = [c for c in self.alive() if c.pid not in self._retiring]
-        if time.monotonic() >= self._spawn_after:
+        if time.monotonic() >= self._spawn_after and self.redis.since is None:
             for _ in range(self.desired - len(live)):
                 self.spawn()
         for child in live[self.desired:][::-1]:
