@@ -26,10 +26,15 @@ class Usage:
                 f"worker peak RSS {self.workers_peak_mib:.0f} MiB{opens}")
 
 
+def _stat_seconds(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc`` ``stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds a process has used so far (``/proc/PID/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat_seconds(Path(f"/proc/{pid}/stat"))
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -38,10 +43,9 @@ def thread_cpu(pid: int) -> dict[int, float]:
     out: dict[int, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            out[int(task.name)] = _stat_seconds(task / "stat")
         except (FileNotFoundError, ProcessLookupError):
             continue
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
 
 

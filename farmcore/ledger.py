@@ -244,10 +244,7 @@ class Ledger(LedgerReports):
 
     def _busy(self, run_id: str) -> bool:
         """Whether a chunk of the run is pending or running (two index look-ups)."""
-        (busy,), = self.pool.query(
-            "SELECT EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'pending') OR "
-            "EXISTS(SELECT 1 FROM chunks WHERE run_id = %s AND state = 'running')",
-            (run_id, run_id))
+        (busy,), = self.pool.query(f"SELECT {_BUSY}", (run_id,))
         return bool(busy)
 
     # -- chunks -------------------------------------------------------------------------

@@ -172,10 +172,11 @@ def test_a_burst_count_redis_refuses_to_read_is_an_outage_not_a_foreign_key():
         server.stop()
 
 
-def _ended(sup: Supervisor, *code: str) -> subprocess.Popen:
-    """A real child of ``sup`` that ran ``code`` and has exited, reaped by ``sup``."""
+def _ended(sup: Supervisor, *code: str, ran_for: float = 0.0) -> subprocess.Popen:
+    """A real child of ``sup`` that ran ``code`` and has exited, reaped by ``sup``
+    (``ran_for``: seconds it is taken to have run before it ended)."""
     child = subprocess.Popen([sys.executable, "-c", "\n".join(code)])
-    sup._started[child.pid] = time.monotonic()
+    sup._started[child.pid] = time.monotonic() - ran_for
     sup.children.append(child)
     child.wait(timeout=30)
     sup.alive()
@@ -203,11 +204,7 @@ def test_a_worker_that_fails_long_after_it_started_resets_the_growing_pause(sett
     sup = Supervisor(settings, 1, ["farm"])
     for _ in range(3):
         _ended(sup, "raise SystemExit(1)")
-    late = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
-    sup._started[late.pid] = time.monotonic() - supervisor.FAST_FAIL - 1
-    sup.children.append(late)
-    late.wait(timeout=30)
-    sup.alive()
+    _ended(sup, "raise SystemExit(1)", ran_for=supervisor.FAST_FAIL + 1)
     _ended(sup, "raise SystemExit(1)")
     assert 1 < sup._spawn_after - time.monotonic() <= 2
 
