@@ -15,7 +15,7 @@ from farmcore.progress import read_progress
 from jobs import recovery, runs, status
 from loaders.migration import follower
 from scripts.app import App
-from scripts.follow import finish, show_summary
+from scripts.follow import finish, goes_on, show_summary
 from scripts.options import AS_JSON, emit, farm_options, shared_flags
 from scripts.render import compact, echo_lines, note, runs_lines, status_lines
 from sharding import fencing
@@ -116,9 +116,10 @@ def resume(app: App, run_id: str, wait: bool, as_json: bool) -> None:
     """Re-enqueue every chunk of RUN_ID that is pending or running without a job (e.g. after
     Redis restarted empty); failed chunks: 'farm retry-failed --run RUN_ID'."""
     n = runs.resume(app.runtime, run_id)
-    click.echo(f"re-enqueued {n} unfinished chunk(s) of {run_id}", err=True)
-    _resume_notes(app, run_id)
-    finish(app, run_id, wait, as_json)
+    with goes_on(run_id):  # from here a Ctrl-C leaves the resumed run going
+        click.echo(f"re-enqueued {n} unfinished chunk(s) of {run_id}", err=True)
+        _resume_notes(app, run_id)
+        finish(app, run_id, wait, as_json)
 
 
 def _resume_notes(app: App, run_id: str) -> None:

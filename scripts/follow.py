@@ -4,6 +4,8 @@ lines for a person at a terminal, the JSON line for scripts)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
@@ -17,17 +19,27 @@ from scripts.render import echo_lines
 from scripts.summaries import for_people, summary_lines
 
 
-def wait_with_progress(rt: Runtime, run_id: str) -> str:
-    """Show the run's progress until it ends; returns its final status. Ctrl-C stops the
-    waiting, not the run: one line says so and what to do next, exit 130."""
-    bars = ProgressBars(run_id)
+@contextmanager
+def goes_on(run_id: str, bars: ProgressBars | None = None) -> Iterator[None]:
+    """Ctrl-C inside stops the command, not the run: one line says so and what to do next,
+    exit 130."""
     try:
-        return runs.wait(rt, run_id, on_tick=bars)
+        yield
     except KeyboardInterrupt:
-        bars.close()
+        if bars is not None:
+            bars.close()
         click.echo(f"farm: stopped waiting; {run_id} goes on on the workers ('farm status "
                    f"--run {run_id}' shows it, 'farm pause {run_id}' stops it)", err=True)
         sys.exit(130)
+
+
+def wait_with_progress(rt: Runtime, run_id: str) -> str:
+    """Show the run's progress until it ends; returns its final status. Ctrl-C stops the
+    waiting, not the run (``goes_on``)."""
+    bars = ProgressBars(run_id)
+    try:
+        with goes_on(run_id, bars):
+            return runs.wait(rt, run_id, on_tick=bars)
     finally:
         bars.close()
 
