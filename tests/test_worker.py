@@ -165,3 +165,34 @@ def test_a_worker_rq_ended_on_an_error_exits_1_not_0(env, conn, monkeypatch):
     with pytest.raises(StopRequested):
         worker.request_stop(signal.SIGTERM, None)
     assert worker.exit_status() == 0
+
+
+def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):
+    """A warm stop while Redis refuses writes (a failover's demoted master, here a replica of
+    a master that is not there): rq's teardown cannot unregister the worker. It used to end
+    in a traceback out of ``work()``; now one line names Redis, exit 1 (its registration
+    expires with its TTL)."""
+    import sys
+
+    from tests.farmkit import output, spawn
+    from tests.servers import PrivateRedis, free_port
+    server = PrivateRedis.start()
+    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
+                 {**env, "FARM_REDIS_URL": server.url()})
+    try:
+        conn = redis.Redis.from_url(server.url())
+        until(lambda: Worker.count(connection=conn) == 1, timeout=60, what="the worker")
+        conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        until(lambda: "Redis refuses writes" in output(proc), timeout=30,
+              what="the worker to meet the refusal")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1, output(proc)
+        out = output(proc)
+        assert "Traceback" not in out, out
+        (line,) = [ln for ln in out.splitlines() if "could not register or unregister" in ln]
+        assert server.url() in line or f":{server.port}" in line, line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()

@@ -29,7 +29,7 @@ from jobs.status import worker_name
 from shardfarm import log as farm_log
 from shardfarm.errors import FarmError
 from shardfarm.lists import queues
-from shardfarm.redact import redact
+from shardfarm.redact import redact, redact_url
 from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
 from workers import burst
@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     add_operator_path()
     try:
         farm_log.setup()
-        worker = build(Settings.from_env(), queues(args.queues), args.name)
+        settings = Settings.from_env()
+        worker = build(settings, queues(args.queues), args.name)
     except FarmError as exc:
         print(f"farm worker: error: {exc}", file=sys.stderr)
         return 1
@@ -234,6 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         worker.work(burst=args.burst, logging_level=logging.getLevelName(
             logging.getLogger().level), with_scheduler=False)
+    except redis.RedisError as exc:  # rq's start or teardown, outside its error handling
+        log.error("worker %s ended: Redis at %s could not register or unregister it, a "
+                  "registration left expires by itself (%s)", worker.name,
+                  redact_url(settings.redis_url), redact(f"{type(exc).__name__}: {exc}"))
+        return 1
     finally:
         runtime.get().close()
     return worker.exit_status()
