@@ -29,6 +29,7 @@ from rq.job import Job, JobStatus
 from rq.utils import decode_redis_hash
 
 from jobs.policy import ENTRY_POINT, ForbiddenJobError, JobPolicy
+from shardfarm.bounds import wrong_type
 
 log = logging.getLogger(__name__)
 MAX_REASON = 300
@@ -91,7 +92,7 @@ class FarmJob(Job):
         try:
             super().refresh()
         except redis.ResponseError as exc:
-            if not str(exc).startswith("WRONGTYPE"):
+            if not wrong_type(exc):
                 raise
             log.warning("%s is not an rq job hash: taken for no job", self.key)
             raise NoSuchJobError(f"{self.key} is not a job hash") from None

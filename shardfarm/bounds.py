@@ -140,3 +140,12 @@ def _answered_hint(exc: redis.ResponseError, first: str) -> str:
                "'databases' setting (16 by default: 0 to 15)"
     return _ANSWER_WORDS.get(first.split(" ", 1)[0],
                              "Redis answered with this error: see the Redis server's log")
+
+
+def wrong_type(exc: BaseException) -> bool:
+    """Whether Redis refused a command (alone or in a pipeline) for ``WRONGTYPE``: the key
+    holds another type than the farm writes there (something else wrote it). Any other
+    refusal (``READONLY``, ``OOM``, ``MASTERDOWN``) is not this one."""
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (
+        text.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in text)

@@ -298,3 +298,31 @@ def test_a_redis_database_past_the_servers_is_named_as_the_url_to_fix(farm_env):
     assert out.stderr.splitlines() == [
         "farm: error: Redis: DB index is out of range (the database number at the end of "
         "FARM_REDIS_URL is past the server's 'databases' setting (16 by default: 0 to 15))"]
+
+
+def test_wrong_type_is_told_apart_from_other_refusals_alone_or_in_a_pipeline():
+    """``WRONGTYPE`` (a key something else wrote) is recognised from a lone command and from
+    a pipeline (whose error text starts with the command), and a read-only replica's refusal
+    of a pipeline whose value reads "WRONGTYPE" is not taken for it."""
+    from shardfarm.bounds import wrong_type
+    from tests.servers import free_port
+    server = PrivateRedis.start()
+    try:
+        conn = redis.Redis.from_url(server.url())
+        conn.set("farm:k", "text")
+        with pytest.raises(redis.ResponseError) as alone:
+            conn.hset("farm:k", "f", "v")
+        pipe = conn.pipeline(transaction=False)
+        pipe.hset("farm:k", "f", "v")
+        with pytest.raises(redis.ResponseError) as piped:
+            pipe.execute()
+        conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        pipe = conn.pipeline(transaction=False)
+        pipe.hset("farm:h", "f", "WRONGTYPE")
+        with pytest.raises(redis.ResponseError) as readonly:
+            pipe.execute()
+    finally:
+        server.stop()
+    assert wrong_type(alone.value) and wrong_type(piped.value), (alone.value, piped.value)
+    assert "WRONGTYPE" in str(readonly.value) and not wrong_type(readonly.value), readonly.value
+    assert not wrong_type(RuntimeError("WRONGTYPE"))

@@ -20,6 +20,7 @@ import redis
 
 from farmcore import keys
 from jobs.tally import DONE, FAILED, RETRYING
+from shardfarm.bounds import wrong_type
 
 log = logging.getLogger(__name__)
 ENV_KEY = "FARM_BURST_KEY"
@@ -49,7 +50,7 @@ def record(conn: redis.Redis, ended: dict[str, tuple[str, str]]) -> None:
     try:
         pipe.execute()
     except redis.ResponseError as exc:  # not a hash (written into Redis): the supervisor
-        if "WRONGTYPE" not in str(exc):  # says so. Any other refusal (READONLY, OOM) ends
+        if not wrong_type(exc):  # says so. Any other refusal (READONLY, OOM) ends
             raise  # the worker: its burst then exits 1 (an outcome not noted is not a success)
         log.warning("could not note this job's end for the burst: %s is not a hash", key)
 
@@ -64,7 +65,7 @@ def count(conn: redis.Redis, key: str) -> Counter[tuple[str, str]] | None:
             ok = kind in PLURAL and outcome in (FAILED, RETRYING)
             found[(kind, outcome) if ok else ("entry", FAILED)] += 1
     except redis.ResponseError as exc:  # not a hash; any other refusal (MASTERDOWN) is
-        if "WRONGTYPE" not in str(exc):  # an outage the supervisor waits out
+        if not wrong_type(exc):  # an outage the supervisor waits out
             raise
         return None
     return found

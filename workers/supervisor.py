@@ -30,6 +30,7 @@ from farmcore import keys
 from farmcore.identity import farm_id
 from jobs.policy import JobPolicy
 from jobs.runtime import Runtime
+from shardfarm.bounds import wrong_type
 from shardfarm.errors import FarmError
 from shardfarm.mysql.infile import sweep_temp
 from shardfarm.redact import redact, redact_url
@@ -284,7 +285,7 @@ class Supervisor:
         try:
             self.conn.hset(keys.supervisors(), self.me, json.dumps(doc))
         except redis.ResponseError as exc:  # not a hash (written into Redis): no heartbeat
-            if not str(exc).startswith("WRONGTYPE"):  # OOM, READONLY: nothing to replace
+            if not wrong_type(exc):  # OOM, READONLY: nothing to replace
                 raise
             log.warning("%s held no supervisors' heartbeats; replaced", keys.supervisors())
             self.conn.delete(keys.supervisors())
