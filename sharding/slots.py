@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pymysql.constants import ER
+
 from shardfarm.errors import FarmError, FatalError, PermanentDatabaseError
 from sharding.ids import FIRST_ALLOCATED
 from sharding.router import Router
@@ -43,7 +45,6 @@ def raise_counters(cur, shard: int) -> list[str]:
     return low
 
 
-DUPLICATE_KEY = 1062  # ER_DUP_ENTRY
 ATTEMPTS = 3
 
 
@@ -70,7 +71,7 @@ def insert_allocated(router: Router, shard: int, table: str,
         except _BelowAllocated:
             pass
         except PermanentDatabaseError as exc:
-            if exc.code != DUPLICATE_KEY:
+            if exc.code != ER.DUP_ENTRY:
                 raise
         router.run(shard, lambda cur: cur.execute(lift))
     raise FatalError(f"shard {shard}: AUTO_INCREMENT of {table} stays below 2**35 or on "

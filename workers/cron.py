@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import redis
 from croniter import croniter
+from pymysql.constants import ER
 
 from exporters import export as exporter
 from farmcore import keys
@@ -162,7 +163,7 @@ class Scheduler:
             self.rt.ledger.create_run("export", DEFAULT_QUEUE, params, chunks, run_id=run_id)
             created = True
         except DatabaseError as exc:
-            if exc.code != 1062:  # not "that run exists already"
+            if exc.code != ER.DUP_ENTRY:  # not "that run exists already"
                 raise
             created = False
         if created:
