@@ -99,7 +99,8 @@ class ShardFrozenError(RetryableError):
     (the write then goes to the shard's new home)."""
 
 
-def first_line(exc: BaseException, limit: int = 300) -> str:
+def first_line(exc: BaseException, limit: int = 1000) -> str:
     """The first line of ``exc``'s message (its class name when it has none), at most
-    ``limit`` characters: a cause quoted inside another one-line error."""
+    ``limit`` characters: a cause quoted inside another one-line error (long enough for one
+    that names two paths and says what to do: at 300 a deep path cut off its advice)."""
     return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

@@ -28,10 +28,12 @@ from tests.servers import PrivateMariaDB, mysql_alive, redis_alive
 ROOT = Path(__file__).resolve().parent.parent
 # Several suites may run at once on one machine's shared servers (CI beside a developer,
 # parallel sessions): FARM_TEST_NS=N (0..6) gives each its own shard numbers, databases on
-# 3306 and Redis databases. Everything the suite makes there is dropped at the end.
-NS = int(os.environ.get("FARM_TEST_NS") or 0)
+# 3306 and Redis databases. Everything the suite makes there is dropped at the end. Under
+# pytest-xdist (``-n K``) worker gwI is namespace N + I: each a suite of its own.
+NS = int(os.environ.get("FARM_TEST_NS") or 0) + int(
+    os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 if not 0 <= NS <= 6:
-    raise RuntimeError(f"FARM_TEST_NS={NS} out of range 0..6")
+    raise RuntimeError(f"FARM_TEST_NS={NS} (with the xdist worker's number) out of range 0..6")
 _BASE = 65024 - 16 * NS
 SHARDS_A = (_BASE, _BASE + 7)
 SHARDS_B = (_BASE + 8, _BASE + 15)

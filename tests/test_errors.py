@@ -13,7 +13,7 @@ import pymysql
 import pytest
 
 from farmcore.ledger import Ledger
-from shardfarm.errors import DatabaseError, PermanentDatabaseError, UnreachableError
+from shardfarm.errors import DatabaseError, PermanentDatabaseError, UnreachableError, first_line
 from shardfarm.mysql.db import connect
 from shardfarm.mysql.dsn import DSN
 from sharding.mapsource import ShardMapSource
@@ -248,3 +248,13 @@ def test_permanent_errors_are_not_retried(server_b):
         reader.query("SELECT 1")
     assert time.monotonic() - t0 < 2
     reader.close()
+
+
+def test_a_quoted_cause_keeps_a_long_paths_advice_and_stays_one_bounded_line():
+    """A cause naming two deep paths kept its advice (before, 300 characters cut it to
+    "move it away or export elsewh"); it stays one line, bounded."""
+    deep = "/srv/exports/" + "nested/" * 40
+    said = f"export path {deep}dt=2026-01-01 is a file where a directory belongs: move it away"
+    assert first_line(ValueError(f"{said}\nsecond line")) == said
+    assert len(first_line(ValueError("x" * 50_000))) == 1000
+    assert first_line(ValueError()) == "ValueError"

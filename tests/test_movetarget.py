@@ -37,7 +37,8 @@ def gone_map(server_b, tmp_path):
     ("TestA1/TestA2", f"shard {S} is already on TestA1's server"),
     ("TestB1/TestA1", f"--to slave TestA1 is the current master of shard {S}"),
     ("TestB1/TestB1", "--to TestB1/TestB1 names one host as both master and slave"),
-])
+], ids=["gone-master", "gone-slave", "unknown-master", "unknown-slave", "same-server",
+        "slave-is-master", "one-host"])  # the same ids in every namespace (xdist compares)
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_move_to_a_pair_it_cannot_use_is_refused_and_changes_nothing(
         gone_map, server_b, env, ledger, to, says, dry_run):

@@ -291,7 +291,8 @@ def _probe(cur, shard: int) -> int:
 
 @pytest.mark.parametrize(("step", "caught", "copied"), [
     (1, "the catch-up, with nothing frozen", None),  # the copy run (after it) may copy it
-    (3, f"the frozen catch-up of {shard_db(SHARDS[0])}.", False)])
+    (3, f"the frozen catch-up of {shard_db(SHARDS[0])}.", False)],
+    ids=["unfrozen", "frozen"])  # the same ids in every namespace (xdist compares them)
 def test_a_move_that_lost_its_lock_stops_before_it_freezes_or_flips(
         moved_map, repl_pair, env, settings, ledger, router, monkeypatch, step, caught, copied):
     """The server-side thread of the move's lock connection is killed (KILL from another
