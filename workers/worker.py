@@ -15,7 +15,7 @@ import time
 
 import redis
 from rq import SimpleWorker
-from rq.exceptions import DeserializationError
+from rq.exceptions import DeserializationError, StopRequested
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
@@ -64,12 +64,19 @@ class FarmWorker(SimpleWorker):
                          job_class=FarmJob, **kwargs)
         self._last_suspension_check = 0.0
         self.ended_as_asked = False  # stopped by a signal, or a burst with nothing left
+        self._waiting = False  # waiting out a Redis that refuses writes (``_refused``)
         self.broke = False  # a job's execution or a dequeue raised (rq then ends the loop)
 
     def request_stop(self, signum: int, frame: object) -> None:
-        """rq's warm stop (SIGINT, SIGTERM), noted: the loop then ends as asked."""
+        """rq's warm stop (SIGINT, SIGTERM), noted: the loop then ends as asked. While a
+        refusal is waited out (``_refused``) it is not raised where the signal lands (inside
+        a log call, logging would swallow it): the wait ends at its next step."""
         self.ended_as_asked = True
-        super().request_stop(signum, frame)
+        try:
+            super().request_stop(signum, frame)
+        except StopRequested:
+            if not self._waiting:
+                raise
 
     def exit_status(self) -> int:
         """The process's exit status once ``work()`` returned: 0 when its loop ended as
@@ -113,11 +120,24 @@ class FarmWorker(SimpleWorker):
                 if not unwritable(exc):
                     self.broke = True
                     raise
-                log.warning("Redis refuses writes (%s); trying again in %.0f s",
-                            redact(str(exc)), wait)
-                time.sleep(wait)
+                self._refused(exc, wait)
                 wait = min(wait * self.exponential_backoff_factor,
                            self.max_connection_wait_time)
+
+    def _refused(self, exc: redis.ResponseError, wait: float) -> None:
+        """Say the refusal, then pause ``wait`` seconds; a stop asked meanwhile ends the
+        pause at once (``StopRequested``, raised here and not inside the log call)."""
+        self._waiting = True
+        try:
+            log.warning("Redis refuses writes (%s); trying again in %.0f s",
+                        redact(str(exc)), wait)
+            until = time.monotonic() + wait
+            while not self.ended_as_asked and time.monotonic() < until:
+                time.sleep(0.1)
+        finally:
+            self._waiting = False
+        if self.ended_as_asked:
+            raise StopRequested()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """``_execute``, an error out of it noted for the exit status (``broke``)."""
