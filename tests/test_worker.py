@@ -181,7 +181,9 @@ def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):
                  {**env, "FARM_REDIS_URL": server.url()})
     try:
         conn = redis.Redis.from_url(server.url())
-        until(lambda: Worker.count(connection=conn) == 1, timeout=60, what="the worker")
+        # idle: past rq's start-up writes (outside any error handling), in its dequeue
+        until(lambda: [w.get_state() for w in Worker.all(connection=conn)] == ["idle"],
+              timeout=60, what="the worker to wait for a job")
         conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
         until(lambda: "Redis refuses writes" in output(proc), timeout=30,
               what="the worker to meet the refusal")
