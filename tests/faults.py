@@ -94,6 +94,16 @@ def frozen(scenario: str, args: dict, step: int, rc: int = 0) -> Iterator[subpro
     assert status == rc, proc.err
 
 
+def kill(pool, conn_id: int) -> None:  # a shardfarm Pool
+    """``KILL`` connection ``conn_id`` and wait until the server has ended its thread:
+    ``KILL`` returns before the thread releases its named locks (a CI run's next
+    ``GET_LOCK`` found the killed connection still holding one)."""
+    pool.execute("KILL %s", (conn_id,))
+    wait_until(lambda: not pool.query(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s", (conn_id,))[0][0],
+        f"connection {conn_id} to end after its KILL")
+
+
 def blocked(router, shard: int, table: str, ms: float = 200) -> int:  # a sharding Router
     """Statements on ``table`` of ``shard``'s database running for over ``ms`` on its server
     (a lookup by key there takes well under a millisecond: such a statement waits for a

@@ -89,7 +89,7 @@ def test_a_drop_that_lost_its_lock_stops_before_the_next_drop(sources, server_b,
     with faults.frozen("drop_sources", args, 2, rc=1) as proc:
         (holder,), = ledger.pool.query("SELECT IS_USED_LOCK(%s)",
                                        (lock_name(settings.control_dsn.database, R[0]),))
-        ledger.pool.execute("KILL %s", (holder,))
+        faults.kill(ledger.pool, holder)
     monkeypatch.delenv("FARM_FAULT_MATCH")
     assert "MoveLockLostError" in proc.err and "lost its locks" in proc.err, proc.err
     assert f"before dropping TestB1:{shard_db(R[1])}" in proc.err, proc.err

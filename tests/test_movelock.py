@@ -11,6 +11,7 @@ import pytest
 from farmcore.ledger import Ledger
 from loaders.capacity.movelock import lock_name, moving
 from shardfarm.mysql import pool as pools
+from tests import faults
 from tests.conftest import SHARDS_B
 
 LO, HI = SHARDS_B[1] + 50, SHARDS_B[1] + 52  # lock names only: no database is touched
@@ -26,6 +27,7 @@ def control(settings, ledger):
 
 def _holder(pool, shard: int) -> int | None:
     return pool.query("SELECT IS_USED_LOCK(%s)", (lock_name(pool.database, shard),))[0][0]
+
 
 
 def test_the_lock_outlives_the_pools_idle_limit(control, monkeypatch):
@@ -45,7 +47,7 @@ def test_a_move_whose_lock_connection_was_killed_stops_at_its_next_check(control
     take the shards, and the first one's next check says so in one line."""
     from loaders.capacity.movelock import MoveLockLostError
     with moving(control, LO, HI) as lock:
-        control.execute("KILL %s", (_holder(control, LO),))
+        faults.kill(control, _holder(control, LO))
         with moving(control, LO, HI), pytest.raises(MoveLockLostError) as err:  # let in
             lock.check("the flip")
     text = str(err.value)

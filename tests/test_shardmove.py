@@ -315,7 +315,7 @@ def test_a_move_that_lost_its_lock_stops_before_it_freezes_or_flips(
         args = {"shardmap": str(moved_map), "env": e, "argv": move}
         with faults.frozen("farm", args, step, rc=1) as proc:
             (holder,), = ledger.pool.query("SELECT IS_USED_LOCK(%s)", (name,))
-            ledger.pool.execute("KILL %s", (holder,))
+            faults.kill(ledger.pool, holder)
             probe = router.run_on(router.host_for(hi), lambda cur: _probe(cur, hi), hi)
         monkeypatch.delenv("FARM_FAULT_MATCH")
         assert _current_map(moved_map).version == 1
