@@ -20,14 +20,14 @@ import redis
 from dashboard.model import Reader
 from farmcore.ledger import Ledger
 from jobs.runtime import Runtime
-from shardfarm.bounds import BULK, Bound, redis_error_line, status_bound
+from shardfarm.bounds import BULK, Bound, redis_error_line, status_bound, wrong_type
 from shardfarm.errors import StatementTimeoutError
 from shardfarm.mysql.dsn import DSN
 from tests.conftest import run_farm
 from tests.dashkit import dashboard, get, make_run
 from tests.farmkit import until, within
 from tests.proxy import TcpProxy
-from tests.servers import PrivateRedis
+from tests.servers import PrivateRedis, free_port
 
 pytestmark = pytest.mark.usefixtures("park_leftover_runs")
 SECONDS = 2
@@ -304,8 +304,6 @@ def test_wrong_type_is_told_apart_from_other_refusals_alone_or_in_a_pipeline():
     """``WRONGTYPE`` (a key something else wrote) is recognised from a lone command and from
     a pipeline (whose error text starts with the command), and a read-only replica's refusal
     of a pipeline whose value reads "WRONGTYPE" is not taken for it."""
-    from shardfarm.bounds import wrong_type
-    from tests.servers import free_port
     server = PrivateRedis.start()
     try:
         conn = redis.Redis.from_url(server.url())

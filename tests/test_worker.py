@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sys
 import time
 
 import pytest
@@ -18,7 +19,8 @@ from rq.serializers import JSONSerializer
 from jobs.queue import rq_queue
 from shardfarm.settings import Settings
 from tests.conftest import run_farm
-from tests.farmkit import start_workers, stop, until
+from tests.farmkit import output, spawn, start_workers, stop, until
+from tests.servers import PrivateRedis, free_port
 from workers.worker import build
 
 ITEMS = [["i1", {"key": "a", "value": 1}]]
@@ -172,10 +174,6 @@ def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):
     a master that is not there): rq's teardown cannot unregister the worker. It used to end
     in a traceback out of ``work()``; now one line names Redis, exit 1 (its registration
     expires with its TTL)."""
-    import sys
-
-    from tests.farmkit import output, spawn
-    from tests.servers import PrivateRedis, free_port
     server = PrivateRedis.start()
     proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
                  {**env, "FARM_REDIS_URL": server.url()})
