@@ -290,3 +290,17 @@ def loses_its_job(key: str, value: int) -> None:
         while conn.hexists(keys.job_items(job.origin), job.id):
             lost.sweep(conn, job.origin)
     record(key, value)
+
+
+def gated(gate: str) -> None:
+    """Add a line to ``{gate}.held`` (one a run), then wait for ``{gate}.go`` (written by the
+    test) and return, touching nothing else: the test decides when the job ends."""
+    import os
+    import time
+    with open(f"{gate}.held", "a") as f:
+        f.write("run\n")
+    deadline = time.monotonic() + 600
+    while not os.path.exists(f"{gate}.go"):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the test never opened the gate")
+        time.sleep(0.05)

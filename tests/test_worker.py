@@ -8,19 +8,22 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
 from rq import Callback, Queue, Worker
 from rq.exceptions import StopRequested
-from rq.registry import StartedJobRegistry
+from rq.registry import StartedJobRegistry, clean_registries
 from rq.serializers import JSONSerializer
 
+from jobs import enqueue_many
 from jobs.queue import rq_queue
 from shardfarm.settings import Settings
 from tests.conftest import run_farm
 from tests.farmkit import output, spawn, start_workers, stop, until
 from tests.servers import PrivateRedis, free_port
+from workers.maintenance import promote_scheduled
 from workers.worker import build
 
 ITEMS = [["i1", {"key": "a", "value": 1}]]
@@ -167,6 +170,82 @@ def test_a_worker_rq_ended_on_an_error_exits_1_not_0(env, conn, monkeypatch):
     with pytest.raises(StopRequested):
         worker.request_stop(signal.SIGTERM, None)
     assert worker.exit_status() == 0
+
+
+def test_a_job_that_ends_while_redis_refuses_writes_leaves_the_worker_running(env, tmp_path):
+    """A job ends while Redis refuses writes (a failover's demoted master): rq cannot record
+    its end, and used to quit with a traceback. Now the worker says so in one line and waits
+    out the refusal as a dequeue does; once Redis takes writes it takes the next job, and
+    the job that ended unrecorded is delivered again by rq's registry cleanup (housekeeping),
+    not lost. Its exit status then says a job's end went unrecorded (1)."""
+    server = PrivateRedis.start()
+    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
+                 {**env, "FARM_REDIS_URL": server.url()})
+    try:
+        conn = redis.Redis.from_url(server.url())
+        first, second = tmp_path / "first", tmp_path / "second"
+        runs = lambda gate: len(Path(f"{gate}.held").read_text().splitlines())  # noqa: E731
+        enqueue_many("ro", "tests.kinds.gated", [{"gate": str(first)}], connection=conn)
+        until(lambda: Path(f"{first}.held").exists(), timeout=60, what="the first job")
+        conn.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        Path(f"{first}.go").touch()
+        until(lambda: "Redis refuses writes" in output(proc), timeout=30,
+              what="the worker to meet the refusal")
+        assert proc.poll() is None, output(proc)
+        conn.execute_command("REPLICAOF", "NO", "ONE")
+        queue = rq_queue(conn, "ro")  # housekeeping, once the job's heartbeat expired (15 s)
+        until(lambda: clean_registries(queue) or promote_scheduled(conn, queue)
+              or runs(first) == 2, timeout=60, what="the unrecorded job to be delivered again")
+        enqueue_many("ro", "tests.kinds.gated", [{"gate": str(second)}], connection=conn)
+        Path(f"{second}.go").touch()
+        until(lambda: Path(f"{second}.held").exists(), timeout=60, what="the next job")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1, output(proc)
+        out = output(proc)
+        assert "Traceback" not in out, out
+        (line,) = [ln for ln in out.splitlines() if "its end is not recorded" in ln]
+        assert "refuses writes" in line and "delivered again" in line, line
+        assert runs(first) == 2 and runs(second) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+
+
+def test_a_job_that_ends_while_redis_is_down_leaves_the_worker_running(env, tmp_path):
+    """A job ends while Redis does not answer (stopped, restarted empty on the same port):
+    one line, the worker waits for Redis and then takes the next job (rq quit with a
+    traceback)."""
+    server = PrivateRedis.start()
+    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
+                 {**env, "FARM_REDIS_URL": server.url()})
+    try:
+        first, second = tmp_path / "first", tmp_path / "second"
+        enqueue_many("ro", "tests.kinds.gated", [{"gate": str(first)}],
+                     connection=redis.Redis.from_url(server.url()))
+        until(lambda: Path(f"{first}.held").exists(), timeout=60, what="the first job")
+        server.stop()
+        Path(f"{first}.go").touch()
+        until(lambda: "Redis does not answer" in output(proc), timeout=30,
+              what="the worker to find Redis gone")
+        assert proc.poll() is None, output(proc)
+        server = PrivateRedis.start(port=server.port)
+        enqueue_many("ro", "tests.kinds.gated", [{"gate": str(second)}],
+                     connection=redis.Redis.from_url(server.url()))
+        Path(f"{second}.go").touch()
+        until(lambda: Path(f"{second}.held").exists(), timeout=60, what="the next job")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 1, output(proc)
+        out = output(proc)
+        assert "Traceback" not in out, out
+        (line,) = [ln for ln in out.splitlines() if "its end is not recorded" in ln]
+        assert "does not answer" in line, line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
 
 
 def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):

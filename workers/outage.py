@@ -45,16 +45,13 @@ class Outage:
         try:
             value = step()
         except redis.RedisError as exc:
-            writes_refused = unwritable(exc)
-            if isinstance(exc, REFUSED) or not (writes_refused or isinstance(exc, UNREACHABLE)):
+            if not is_outage(exc):
                 raise
             if self.since is None:
                 self.since = time.monotonic()
-                self._writes = writes_refused
+                self._writes = unwritable(exc)
                 log.warning("Redis at %s %s (%s); the workers keep running and Redis is tried "
-                            "again every tick", self.where,
-                            "refuses writes" if self._writes else "does not answer",
-                            redact(_said(exc)))
+                            "again every tick", self.where, outage_said(exc), redact(_said(exc)))
             return default
         if self.since is not None and (writes or not self._writes):
             log.warning("Redis at %s %s again after %.0f s", self.where,
@@ -72,6 +69,18 @@ class Outage:
 # the same refusals inside a script (Redis before 7.0 wraps them: "Error running script
 # ... -READONLY ..."); a blocked command a master turned replica unblocked starts "UNBLOCKED "
 _UNWRITABLE_TEXT = ("-READONLY ", "-OOM ", "-MASTERDOWN ")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is Redis not answering (``UNREACHABLE``) or refusing writes
+    (``unwritable``) for now, which a loop waits out; not a password or user Redis refuses
+    (``REFUSED``: fix the URL)."""
+    return unwritable(exc) or (isinstance(exc, UNREACHABLE) and not isinstance(exc, REFUSED))
+
+
+def outage_said(exc: BaseException) -> str:
+    """The outage ``exc`` is, as a log line says it: ``refuses writes`` or ``does not answer``."""
+    return "refuses writes" if unwritable(exc) else "does not answer"
 
 
 def unwritable(exc: BaseException) -> bool:

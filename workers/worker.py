@@ -34,7 +34,7 @@ from shardfarm.retry import NO_RETRY
 from shardfarm.settings import Settings
 from workers import burst
 from workers.metrics import report_job
-from workers.outage import unwritable
+from workers.outage import is_outage, outage_said
 
 log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 5
@@ -64,12 +64,12 @@ class FarmWorker(SimpleWorker):
                          job_class=FarmJob, **kwargs)
         self._last_suspension_check = 0.0
         self.ended_as_asked = False  # stopped by a signal, or a burst with nothing left
-        self._waiting = False  # waiting out a Redis that refuses writes (``_refused``)
-        self.broke = False  # a job's execution or a dequeue raised (rq then ends the loop)
+        self._waiting = False  # waiting out a Redis outage (``_wait_out``)
+        self.broke = False  # a job's execution or a dequeue raised, or a job's end went unrecorded
 
     def request_stop(self, signum: int, frame: object) -> None:
         """rq's warm stop (SIGINT, SIGTERM), noted: the loop then ends as asked. While a
-        refusal is waited out (``_refused``) it is not raised where the signal lands (inside
+        Redis outage is waited out (``_wait_out``) it is not raised where the signal lands (inside
         a log call, logging would swallow it): the wait ends at its next step."""
         self.ended_as_asked = True
         try:
@@ -83,7 +83,8 @@ class FarmWorker(SimpleWorker):
         asked (a stop, or a burst that found no job left), 1 when rq ended it on an error
         (an exception nothing handled, a Redis that timed out; also after a stop was asked,
         as a job's bookkeeping fails), which rq logs and then returns as if it had ended
-        well: a burst whose worker quit so is not a burst that did its work. A burst
+        well: a burst whose worker quit so is not a burst that did its work; 1 too when a
+        job's end went unrecorded (``execute_job``), though the worker went on. A burst
         suspended by ``rq suspend`` (rq: "there could still be unfinished jobs on the
         queue") ends 1 too."""
         return 0 if self.ended_as_asked and not self.broke else 1
@@ -107,29 +108,30 @@ class FarmWorker(SimpleWorker):
                                      max_idle_time: int | None = None
                                      ) -> tuple[Job, Queue] | None:
         """rq's, riding out a Redis that refuses writes (``workers.outage.unwritable``: a
-        failover's demoted master, which also unblocks a waiting dequeue with an error) as
-        rq rides out one that does not answer: tried again after a growing pause, each
-        pause said (rq let the error end the worker)."""
+        failover's demoted master, which also unblocks a waiting dequeue with an error) or
+        does not answer before rq's own wait begins (its first write, the worker's state), as
+        rq rides out one that does not answer while it waits: tried again after a growing
+        pause, each pause said (rq let the error end the worker)."""
         wait = 1.0
         while True:
             try:
                 taken = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
                 self.ended_as_asked = self.ended_as_asked or taken is None  # a burst's end
                 return taken
-            except redis.ResponseError as exc:
-                if not unwritable(exc):
+            except redis.RedisError as exc:
+                if not is_outage(exc):
                     self.broke = True
                     raise
-                self._refused(exc, wait)
+                self._wait_out(exc, wait)
                 wait = min(wait * self.exponential_backoff_factor,
                            self.max_connection_wait_time)
 
-    def _refused(self, exc: redis.ResponseError, wait: float) -> None:
-        """Say the refusal, then pause ``wait`` seconds; a stop asked meanwhile ends the
+    def _wait_out(self, exc: redis.RedisError, wait: float) -> None:
+        """Say the outage, then pause ``wait`` seconds; a stop asked meanwhile ends the
         pause at once (``StopRequested``, raised here and not inside the log call)."""
         self._waiting = True
         try:
-            log.warning("Redis refuses writes (%s); trying again in %.0f s",
+            log.warning("Redis %s (%s); trying again in %.0f s", outage_said(exc),
                         redact(str(exc)), wait)
             until = time.monotonic() + wait
             while not self.ended_as_asked and time.monotonic() < until:
@@ -140,9 +142,21 @@ class FarmWorker(SimpleWorker):
             raise StopRequested()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        """``_execute``, an error out of it noted for the exit status (``broke``)."""
+        """``_execute``, an error out of it noted for the exit status (``broke``). Redis
+        refusing writes or not answering as the job ends (a failover, a restart) is one
+        line, and the worker goes on to wait the outage out (rq quit with a traceback): the
+        job's end is not recorded, so it stays in its started registry, whose cleanup
+        (housekeeping) delivers it again once Redis takes writes; its chunks' own ends are
+        in the ledger, so a chunk done is not done again."""
         try:
             self._execute(job, queue)
+        except redis.RedisError as exc:
+            self.broke = True  # a burst whose job's end went unrecorded did not succeed
+            if not is_outage(exc):
+                raise
+            log.warning("job %s of queue %s ended while Redis %s (%s): its end is not "
+                        "recorded; it is delivered again once Redis takes writes", job.id,
+                        queue.name, outage_said(exc), redact(str(exc)))
         except Exception:
             self.broke = True
             raise
@@ -189,8 +203,9 @@ class FarmWorker(SimpleWorker):
         while not stop.wait(HEARTBEAT_SECONDS):
             try:
                 self.maintain_heartbeats(job, execution)
-            except redis.RedisError:
-                log.warning("heartbeat of job %s failed", job.id, exc_info=True)
+            except redis.RedisError as exc:
+                log.warning("heartbeat of job %s failed: %s", job.id,
+                            redact(f"{type(exc).__name__}: {exc}"))
 
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
         """Worker heartbeats between jobs at most every couple of seconds (3 round trips each)."""
@@ -198,7 +213,11 @@ class FarmWorker(SimpleWorker):
             age = time.time() - self.last_heartbeat.timestamp()
             if age < IDLE_BOOKKEEPING_SECONDS:
                 return
-        super().heartbeat(timeout, pipeline)
+        try:
+            super().heartbeat(timeout, pipeline)
+        except redis.RedisError as exc:
+            if pipeline is not None or not is_outage(exc):
+                raise  # else the dequeue that follows waits the outage out, and says so
 
     def check_for_suspension(self, burst: bool) -> None:
         """``rq suspend`` is honoured within a couple of seconds, not re-checked per job."""
