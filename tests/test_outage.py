@@ -25,6 +25,7 @@ def test_an_outage_is_said_once_and_its_end_once(caplog):
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2, said
     assert said[0].startswith("Redis at redis://127.0.0.1:6390/0 does not answer (Error 111")
+    assert "replica" not in said[0], said[0]
     assert said[1].startswith("Redis at redis://127.0.0.1:6390/0 answers again after ")
     assert outage.since is None
 
@@ -82,6 +83,7 @@ def test_a_redis_refusing_writes_is_an_outage_that_only_a_write_ends(caplog):
     assert len(said) == 2, said
     assert said[0].startswith("Redis at redis://127.0.0.1:6390/0 refuses writes (READONLY You "
                               "can't write against a read only replica.); the workers keep")
+    assert said[0].endswith("FARM_REDIS_URL names a read-only replica: point it at the primary")
     assert said[1].startswith("Redis at redis://127.0.0.1:6390/0 takes writes again after ")
     assert outage.since is None
 

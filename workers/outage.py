@@ -25,6 +25,9 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 # cut off from its master, a Redis at its memory limit
 UNWRITABLE = (redis.exceptions.ReadOnlyError, redis.exceptions.MasterDownError,
               redis.exceptions.OutOfMemoryError)
+# a replica's refusal: a failover under way, or a URL that names a replica (the same to Redis)
+REPLICA_HINT = ("; if no failover is under way, FARM_REDIS_URL names a read-only replica: "
+                "point it at the primary")
 # connection errors that are not an outage: a password or user Redis refuses (fix the URL)
 REFUSED = (redis.AuthenticationError, redis.exceptions.AuthorizationError)
 
@@ -50,8 +53,10 @@ class Outage:
             if self.since is None:
                 self.since = time.monotonic()
                 self._writes = unwritable(exc)
+                said = _said(exc)
                 log.warning("Redis at %s %s (%s); the workers keep running and Redis is tried "
-                            "again every tick", self.where, outage_said(exc), redact(_said(exc)))
+                            "again every tick%s", self.where, outage_said(exc), redact(said),
+                            REPLICA_HINT if said.startswith("READONLY") else "")
             return default
         if self.since is not None and (writes or not self._writes):
             log.warning("Redis at %s %s again after %.0f s", self.where,
