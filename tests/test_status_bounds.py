@@ -7,6 +7,7 @@ without a bound."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
 import time
 import urllib.parse
@@ -20,10 +21,17 @@ import redis
 from dashboard.model import Reader
 from farmcore.ledger import Ledger
 from jobs.runtime import Runtime
-from shardfarm.bounds import BULK, Bound, redis_error_line, status_bound, wrong_type
+from shardfarm.bounds import (
+    BULK,
+    REDIS_REPLY_SECONDS,
+    Bound,
+    redis_error_line,
+    status_bound,
+    wrong_type,
+)
 from shardfarm.errors import StatementTimeoutError
 from shardfarm.mysql.dsn import DSN
-from tests.conftest import run_farm
+from tests.conftest import ROOT, run_farm
 from tests.dashkit import dashboard, get, make_run
 from tests.farmkit import until, within
 from tests.proxy import TcpProxy
@@ -217,6 +225,42 @@ def test_farm_status_ends_within_the_bound_when_redis_does_not_answer(env, ledge
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith("farm: error: Redis: Timeout") and "FARM_STATUS_TIMEOUT" in \
         lines[0], lines[0]
+
+
+def test_every_command_ends_within_the_reply_bound_when_redis_does_not_answer(env, ledger,
+                                                                            tmp_path):
+    """Redis accepts and never replies, or a ``rediss://`` URL names a plain Redis (the TLS
+    handshake waits for ever): commands other than status views waited for ever with no
+    output; now each ends after ``REDIS_REPLY_SECONDS`` with one line that names the URL
+    to check. The commands run at once, so the test takes one bound."""
+    run_id = make_run(ledger)
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"key": "k", "value": 1}\n')
+    proxy = TcpProxy.silent()
+    silent = _via(env["FARM_REDIS_URL"], proxy.port)
+    tls = env["FARM_REDIS_URL"].replace("redis://", "rediss://", 1)
+    cases = [(silent, ["scale", "1"]), (silent, ["resume", run_id]),
+             (silent, ["enqueue", "q", "tests.kinds.record", "--file", str(items)]),
+             (tls, ["scale", "1"])]
+    try:
+        t0 = time.monotonic()
+        procs = [subprocess.Popen([sys.executable, "-m", "scripts", *argv], cwd=ROOT,
+                                  env={**env, "FARM_REDIS_URL": url}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for url, argv in cases]
+        outs = [p.communicate(timeout=REDIS_REPLY_SECONDS + 30) for p in procs]
+        took = time.monotonic() - t0
+    finally:
+        proxy.stop()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert took < REDIS_REPLY_SECONDS + 15, took
+    for (_, argv), p, (_, err) in zip(cases, procs, outs, strict=True):
+        lines = [x for x in err.strip().splitlines() if x.startswith("farm:")]
+        assert p.returncode == 1 and "Traceback" not in err, (argv, err)
+        assert lines[-1].startswith("farm: error: Redis: Timeout"), (argv, err)
+        assert f"{REDIS_REPLY_SECONDS:g} s for any other reply" in lines[-1], lines[-1]
 
 
 def test_the_dashboard_answers_while_redis_is_frozen(env, ledger):
