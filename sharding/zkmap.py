@@ -24,6 +24,7 @@ from kazoo.exceptions import (
     NoNodeError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.hosts import collect_hosts
 
 from shardfarm.errors import ConfigError, ShardMapError, StaleStateError
 from shardfarm.redact import redact_url
@@ -37,9 +38,14 @@ _URL = re.compile(r"^zk://([A-Za-z0-9_.:,\[\]-]+)(/[A-Za-z0-9_./-]*[A-Za-z0-9_-]
 def parse_url(url: str) -> tuple[str, str]:
     """``zk://hosts/path`` -> ``(hosts, path)``; a malformed URL is a ``ConfigError``."""
     m = _URL.match(url)
-    if not m or "//" in m.group(2):
-        raise ConfigError(f"bad FARM_SHARDMAP {redact_url(url)[:80]!r} "
-                          "(expected zk://host:port/path)")
+    why = "" if m and "//" not in m.group(2) else "expected zk://host:port/path"
+    if not why:
+        try:
+            collect_hosts(m.group(1))  # kazoo's own reading: a port that is not one
+        except ValueError as exc:
+            why = f"{str(exc).rstrip('.')}: expected zk://host:port[,host:port]/path"
+    if why:
+        raise ConfigError(f"bad FARM_SHARDMAP {redact_url(url)[:80]!r} ({why})")
     return m.group(1), m.group(2)
 
 

@@ -14,6 +14,7 @@ from sharding.mappublish import publish
 from sharding.mapsource import open_source
 from sharding.shardmap import demo_map_doc
 from sharding.zkmap import ZkStore, parse_url
+from tests.conftest import run_farm
 from tests.farmkit import until
 
 
@@ -40,6 +41,22 @@ def test_a_bad_url_and_a_dead_server_are_one_line_config_errors():
     from tests.servers import free_port
     with pytest.raises(ConfigError, match="does not answer"):
         open_source(f"zk://127.0.0.1:{free_port()}/map", timeout=1)
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("zk://127.0.0.1:abc/map", "Port could not be cast to integer value as 'abc'"),
+    ("zk://127.0.0.1:99999/map", "Port out of range 0-65535"),
+    ("zk://[::1/map", "Invalid IPv6 URL")])
+def test_a_host_list_kazoo_cannot_read_is_one_line_before_connecting(farm_env, url, says):
+    """A port that is not a number or out of range, an unclosed IPv6 bracket: kazoo's
+    ``ValueError`` came out of ``farm`` as a traceback."""
+    with pytest.raises(ConfigError, match="expected zk://host:port") as err:
+        parse_url(url)
+    assert says in str(err.value)
+    out = run_farm({**farm_env, "FARM_SHARDMAP": url}, "shards", "show", timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith("farm: error: bad FARM_SHARDMAP") and says in line, line
 
 
 def test_a_watching_source_switches_to_each_published_version(url):
