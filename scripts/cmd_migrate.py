@@ -9,7 +9,7 @@ import click
 from loaders.migration import migrate as migration
 from scripts.app import App
 from scripts.follow import finish, wait_with_progress
-from scripts.options import AS_JSON, MAX_LAG, emit, farm_options
+from scripts.options import AS_JSON, MAX_LAG, emit, farm_options, run_option
 from scripts.render import echo_lines, mismatch_lines, note
 from scripts.summaries import for_people, verify_line
 from workers import launch
@@ -38,7 +38,7 @@ def migrate(app: App, chunk_size: int, slice_size: int, wait: bool,
 
 
 @click.command("verify")
-@click.option("--run", "run_id", default=None, help="The migrate run to check (default: latest).")
+@run_option("The migrate run to check (default: latest).")
 @click.option("--show", default=50, show_default=True, type=click.IntRange(min=0),
               help="Mismatches printed (all of them: 'farm mismatches').")
 @AS_JSON
@@ -71,7 +71,7 @@ def verify(app: App, run_id: str | None, show: int, as_json: bool) -> None:
 
 
 @click.command("mismatches")
-@click.option("--run", "run_id", default=None, help="A verify run (default: the latest).")
+@run_option("A verify run (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
 @click.option("--limit", default=100_000, show_default=True, type=click.IntRange(min=1),
               help="At most this many rows.")
@@ -91,7 +91,7 @@ def mismatches(app: App, run_id: str | None, as_json: bool, limit: int) -> None:
 
 
 @click.command("quarantine")
-@click.option("--run", "run_id", default=None, help="A migrate run (default: the latest).")
+@run_option("A migrate run (default: the latest).")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
 @click.option("--limit", default=1000, show_default=True, type=click.IntRange(min=1),
               help="At most this many rows.")

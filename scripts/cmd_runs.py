@@ -16,13 +16,13 @@ from jobs import recovery, runs, status
 from loaders.migration import follower
 from scripts.app import App
 from scripts.follow import finish, goes_on, show_summary
-from scripts.options import AS_JSON, emit, farm_options, shared_flags
+from scripts.options import AS_JSON, emit, farm_options, run_option, shared_flags
 from scripts.render import compact, echo_lines, note, runs_lines, status_lines
 from sharding import fencing
 
 
 @click.command("status")
-@click.option("--run", "run_id", default=None, help="Only this run.")
+@run_option("Only this run.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON document instead of a table.")
 @click.option("--watch", is_flag=True, help="Refresh every 2 seconds until Ctrl-C.")
 @farm_options
@@ -175,7 +175,7 @@ def cancel(app: App, run_id: str) -> None:
 
 
 @click.command("failed")
-@click.option("--run", "run_id", default=None, help="Only this run.")
+@run_option("Only this run.")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines instead of a table.")
 @farm_options
 def failed(app: App, run_id: str | None, as_json: bool) -> None:
@@ -208,7 +208,7 @@ def _arguments(args: object) -> object:
 
 
 @click.command("retry-failed")
-@click.option("--run", "run_id", default=None, help="Only this run (default: every run).")
+@run_option("Only this run (default: every run).")
 @farm_options
 def retry_failed(app: App, run_id: str | None) -> None:
     """Re-enqueue failed chunks with a fresh attempt budget, and every unfinished chunk that

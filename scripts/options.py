@@ -12,6 +12,7 @@ from collections.abc import Callable
 import click
 
 from scripts.app import App
+from shardfarm.errors import UsageError
 from shardfarm.lists import names, queues
 from shardfarm.settings import FLAGS, Settings
 
@@ -22,6 +23,28 @@ SHARED = [(FLAGS[env], env, help_) for env, help_ in [
     ("FARM_SHARDMAP", "Shard map file or zk://host:port/path (default: demo map)."),
     ("FARM_EXPORT_URL", "Export destination: s3://bucket/prefix or file:///dir."),
 ]]
+
+
+class RunId(click.ParamType):
+    """A run ID given to ``--run``: an empty one (``--run "$RUN"`` with the variable unset) is
+    refused in one line (exit 2), not taken for "every run" or "the latest"."""
+
+    name = "run_id"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> str:
+        """The run ID; ``UsageError`` naming the option when it is empty."""
+        text = str(value)
+        if not text.strip():
+            what = param.opts[0] if param else "--run"
+            raise UsageError(f"bad {what} {text!r}: the run ID is empty (give one: 'farm "
+                             f"runs' lists them; or leave {what} out)")
+        return text
+
+
+def run_option(help_: str) -> Callable:
+    """The ``--run RUN_ID`` option of a command (``RunId``: never empty)."""
+    return click.option("--run", "run_id", default=None, type=RunId(), help=help_)
 
 
 class CommaList(click.ParamType):
