@@ -89,3 +89,18 @@ def test_a_run_started_while_workers_serve_another_control_database_says_so(
     assert f"/{ledger.pool.where.database}" in said[0] and "FARM_CONTROL_DSN" in said[0]
     workers = next(x for x in shown.stdout.splitlines() if x.startswith("workers:"))
     assert "SERVING ANOTHER CONTROL DATABASE" in workers, shown.stdout
+
+
+def test_a_burst_on_a_control_database_that_is_not_there_stops_before_any_worker(farm_env):
+    """A misspelt control database: a burst (a script waits on it) exited 0 when its queue
+    was empty, its housekeeping waiting on the database; now it stops at once in one line
+    naming the database and what to run, exit 1, as a wrong password does. A daemon still
+    waits for ``farm shards init`` (workers may be deployed first)."""
+    missing = ns_db("farm_control_misspelt")
+    dsn = farm_env["FARM_CONTROL_DSN"].rsplit("/", 1)[0] + f"/{missing}"
+    out = run_farm({**farm_env, "FARM_CONTROL_DSN": dsn}, "workers", "--burst", "--count",
+                   "1", "--queues", "farm", timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    errors = [x for x in out.stderr.splitlines() if x.startswith("farm: error:")]
+    assert len(errors) == 1 and f"Unknown database '{missing}'" in errors[0], out.stderr
+    assert "farm shards init" in errors[0] and "FARM_CONTROL_DSN" in errors[0], errors[0]

@@ -315,10 +315,11 @@ class Supervisor:
         if swept := sweep_temp():
             log.info("deleted %d LOAD DATA temp file(s) left by killed workers", swept)
         last_maint = 0.0
-        # a shard map it cannot read or a control database it may not use (a wrong password)
-        # stops it before any worker runs, in one line
+        # a shard map it cannot read or a control database it may not use (a wrong password;
+        # for a burst also one not there or not set up) stops it before any worker runs, in
+        # one line
         self.rt.router.source.current()
-        self._farm_id = farm_id(self.rt.ledger.pool)
+        self._farm_id = farm_id(self.rt.ledger.pool, required=self.burst)
         if self.burst and not self.stopping:  # a Ctrl-C during the checks: none started
             for _ in range(self.desired):
                 self.spawn()
