@@ -17,6 +17,7 @@ import redis
 from rq import Queue, Worker
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 from rq.serializers import JSONSerializer
+from rq.worker_registration import get_keys
 
 from farmcore import keys, ledger_size
 from farmcore.identity import farm_id
@@ -179,6 +180,14 @@ def farm_view(rt: Runtime, run_id: str | None = None, limit: int = 5) -> dict:
     if unreadable:
         view["unreadable_workers"] = unreadable
     return view
+
+
+def serving(conn: redis.Redis, queue: str, most: int = 200) -> int:
+    """How many live workers take jobs from ``queue`` (rq's registry of the queue's workers,
+    the first ``most`` of it; a dead worker's entry, whose hash expired, is not counted)."""
+    q = Queue(queue, connection=conn, serializer=JSONSerializer)
+    names = sorted(get_keys(queue=q, connection=conn))[:most]
+    return int(conn.exists(*names)) if names else 0
 
 
 def queue_names(conn: redis.Redis) -> list[str]:

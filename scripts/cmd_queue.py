@@ -9,6 +9,7 @@ from typing import IO
 
 import click
 import orjson
+import redis
 from tqdm import tqdm
 
 from jobs import enqueue_many
@@ -17,6 +18,7 @@ from jobs.policy import JobPolicy
 from jobs.queue import JOB_RETRIES, JOB_TIMEOUT, check_function
 from scripts.app import App
 from scripts.bars import LiveLines, bar
+from scripts.follow import Unserved
 from scripts.options import ALLOW_MODULE, AS_JSON, emit, farm_options
 from scripts.summaries import for_people
 from shardfarm import lists
@@ -87,7 +89,7 @@ def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
     doc = res.as_dict()
     if wait:
         try:
-            done = _wait_items(watch, queue)
+            done = _wait_items(watch, queue, conn)
         except KeyboardInterrupt:  # the items stay queued: say so, with what was enqueued
             _report(doc, queue, as_json)
             click.echo(f"farm: stopped waiting; the items stay queued on {queue} ('farm "
@@ -101,9 +103,12 @@ def enqueue(app: App, queue: str, function: str, file_, batch: int, dedup: bool,
         sys.exit(1)
 
 
-def _wait_items(watch: ItemWatch, queue: str, every: float = 0.5) -> ItemsProgress:
-    """Poll the items until all finished, drawing a line of them on a terminal."""
+def _wait_items(watch: ItemWatch, queue: str, conn: redis.Redis, every: float = 0.5
+                ) -> ItemsProgress:
+    """Poll the items until all finished, drawing a line of them on a terminal (and saying
+    so if no worker serves the queue: ``Unserved``)."""
     live, t0 = LiveLines(), time.monotonic()
+    unserved = Unserved(conn, queue, live)
     while True:
         p = watch.poll()
         finished = p.done + p.failed
@@ -114,6 +119,7 @@ def _wait_items(watch: ItemWatch, queue: str, every: float = 0.5) -> ItemsProgre
         if p.finished:
             live.close()
             return p
+        unserved()
         time.sleep(every)
 
 

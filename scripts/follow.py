@@ -4,18 +4,21 @@ lines for a person at a terminal, the JSON line for scripts)."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
+import redis
 
 from farmcore.progress import read_progress
 from jobs import runs
 from jobs.runtime import Runtime
+from jobs.status import serving
 from scripts.app import App
-from scripts.bars import ProgressBars
+from scripts.bars import LiveLines, ProgressBars
 from scripts.options import emit
-from scripts.render import echo_lines
+from scripts.render import echo_lines, note
 from scripts.summaries import for_people, summary_lines
 
 
@@ -33,13 +36,54 @@ def goes_on(run_id: str, bars: ProgressBars | None = None) -> Iterator[None]:
         sys.exit(130)
 
 
+NO_WORKER_SECONDS = 10.0  # a wait says that no worker takes its jobs after this long
+CHECK_EVERY = 2.0  # seconds between two looks at the queue's workers
+
+
+class Unserved:
+    """Called on each step of a wait on ``queue``: once no live worker has taken jobs from it
+    for ``after`` seconds (no ``farm workers`` running, or only with other ``--queues``),
+    one note says so and what to start, so a wait that cannot end says why; ``live``: the
+    lines drawn in place, which the note must not overwrite."""
+
+    def __init__(self, conn: redis.Redis, queue: str, live: LiveLines | None = None,
+                 after: float = NO_WORKER_SECONDS) -> None:
+        self.conn, self.queue, self.live, self.after = conn, queue, live, after
+        self.since = self.checked = time.monotonic()
+        self.said = False
+
+    def __call__(self, *_: object) -> None:
+        """Look at the queue's workers (every ``CHECK_EVERY`` s), and say it once."""
+        now = time.monotonic()
+        if self.said or now - self.checked < CHECK_EVERY:
+            return
+        self.checked = now
+        try:
+            if serving(self.conn, self.queue):
+                self.since = now
+                return
+        except redis.RedisError:
+            return  # the wait's own reads say what is wrong with Redis
+        if now - self.since >= self.after:
+            if self.live is not None:
+                self.live.close()  # the next drawing starts below the note
+            note(f"no worker has taken jobs from queue {self.queue!r} for {self.after:g} s: "
+                 f"start some with 'farm workers --queues {self.queue}'; still waiting")
+            self.said = True
+
+
 def wait_with_progress(rt: Runtime, run_id: str) -> str:
     """Show the run's progress until it ends; returns its final status. Ctrl-C stops the
-    waiting, not the run (``goes_on``)."""
+    waiting, not the run (``goes_on``); a note says so when no worker serves its queue."""
     bars = ProgressBars(run_id)
+    unserved = Unserved(rt.redis, rt.ledger.run(run_id)["queue"], bars)
+
+    def tick(p: object) -> None:
+        bars(p)
+        unserved()
     try:
         with goes_on(run_id, bars):
-            return runs.wait(rt, run_id, on_tick=bars)
+            return runs.wait(rt, run_id, on_tick=tick)
     finally:
         bars.close()
 

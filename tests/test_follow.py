@@ -72,3 +72,24 @@ def test_a_run_cancelled_while_followed_on_a_terminal_says_so_and_exits_1(rt, en
     assert last.startswith("  cancelled by the operator at ") and last.endswith(
         f"UTC; 2 chunk(s) not done; 'farm retry-failed --run {run_id}' takes it up again")
     assert f"test run {run_id} cancelled in " in out and "farm failed" not in out
+
+
+def test_a_wait_with_no_worker_on_its_queue_says_so_once_then_goes_on(rt, env):
+    """No ``farm workers`` running (or only on other queues): the bars sat at 0 and nothing
+    said why. Now one note, below the bars, names the queue and what to start; the wait
+    goes on and ends when workers come."""
+    run_id = _start(rt, 7_300_000, n=2)
+    queue = rt.ledger.run(run_id)["queue"]
+    tty = Tty(env, "resume", run_id, "--wait")
+    tty.expect("0/200 rows · 0/2 chunks")
+    said = (f"farm: note: no worker has taken jobs from queue '{queue}' for 10 s: start some "
+            f"with 'farm workers --queues {queue}'; still waiting")
+    tty.expect(said, timeout=30)
+    workers = start_workers(env, 1)
+    try:
+        assert tty.wait() == 0
+    finally:
+        stop(workers)
+    out = tty.plain
+    assert out.count(said) == 1, out
+    assert "200/200 rows · 2/2 chunks" in out.split(said, 1)[1], out  # drawn below it

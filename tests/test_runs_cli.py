@@ -11,10 +11,12 @@ import pytest
 from farmcore.ledger import ChunkSpec
 from jobs import runs
 from jobs.queue import rq_queue
+from jobs.status import serving
 from shardfarm.errors import FencedError
 from tests.conftest import SHARDS_A, park_unfinished_runs, run_farm
 from tests.farmkit import output, spawn, start_workers, stop, until
 from tests.migratekit import last_json
+from workers.worker import build
 
 pytestmark = [pytest.mark.slow,  # end-to-end: real workers, servers or long waits
               pytest.mark.usefixtures("park_leftover_runs")]
@@ -200,6 +202,49 @@ def test_ctrl_c_during_enqueue_wait_says_the_items_stay_queued(rt, env, tmp_path
         '{"enqueued": 3, "duplicates": 0}',
         "farm: stopped waiting; the items stay queued on ctrlc ('farm status' shows the "
         "queue, 'farm failed' any that fail)"]
+
+
+def test_an_enqueue_wait_with_no_worker_on_its_queue_says_so_then_ends_when_one_comes(
+        rt, env, tmp_path):
+    """A typo in the queue, or no ``farm workers``: ``farm enqueue --wait`` sat at 0 items
+    saying nothing. Now one note names the queue and what to start, and the wait goes on."""
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"key": f"u{i}", "value": i}) + "\n" for i in range(3)))
+    proc = spawn([sys.executable, "-m", "scripts", "enqueue", "unserved", "tests.kinds.record",
+                  "--file", str(items), "--wait"], env)
+    said = ("farm: note: no worker has taken jobs from queue 'unserved' for 10 s: start some "
+            "with 'farm workers --queues unserved'; still waiting")
+    workers = None
+    try:
+        until(lambda: said in output(proc), timeout=40, what="the note")
+        workers = start_workers(env, 1, "--queues", "unserved")
+        assert proc.wait(timeout=60) == 0, output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if workers is not None:
+            stop(workers)
+    out = output(proc)
+    assert out.count(said) == 1 and "Traceback" not in out, out
+    assert json.loads(out.strip().splitlines()[-1])["done"] == 3, out
+
+
+def test_serving_counts_the_live_workers_of_a_queue(rt, env):
+    """What the note above reads: a worker registered on the queue counts (on another queue
+    not), and an entry whose worker hash is gone (a dead worker's, or forged) does not."""
+    worker = build(rt.settings, ["servedq", "alsoq"])
+    worker.register_birth()
+    try:
+        assert (serving(rt.redis, "servedq"), serving(rt.redis, "alsoq")) == (1, 1)
+        assert serving(rt.redis, "otherq") == 0
+        rt.redis.sadd("rq:workers:otherq", "rq:worker:gone")
+        assert serving(rt.redis, "otherq") == 0
+        rt.redis.delete(worker.key)  # its hash expired with its TTL
+        assert serving(rt.redis, "servedq") == 0
+    finally:
+        worker.register_death()
+        rt.redis.delete("rq:workers:otherq")
 
 
 def _paused(rt, run_id):
