@@ -49,7 +49,8 @@ def parse_age(text: str) -> int:
 
 @dataclass
 class PruneReport:
-    """What a prune removed (or, with ``dry_run``, would remove)."""
+    """What a prune removed (or, with ``dry_run``, would remove); ``complete`` once every
+    step ran (false: a step failed, and the counts say what went before it)."""
 
     runs: int = 0
     chunks: int = 0
@@ -58,6 +59,7 @@ class PruneReport:
     fences: int = 0
     batches: int = 0
     dry_run: bool = False
+    complete: bool = False
 
     def as_dict(self) -> dict:
         """The report as JSON-safe dict."""
@@ -120,6 +122,7 @@ def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 
         old = prunable(pool, max(older_than_s, FENCE_FLOOR_S), include_failed,
                        pruning_s=FENCE_FLOOR_S) if dry_run else []
         report.fences = _forget_fences(pool, fences, fences_due(pool) + old, dry_run)
+    report.complete = True
     return report
 
 

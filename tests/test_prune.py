@@ -12,7 +12,7 @@ from farmcore.ledger import ChunkSpec
 from shardfarm.errors import ShardFrozenError, UsageError
 from sharding import fencing
 from sharding.schema import mod_table, shard_table
-from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS, run_farm
+from tests.conftest import SHARDS_A, SHARDS_B, TEST_BUCKETS, ns_db, run_farm
 
 
 def sql(settings, statement, args=()):
@@ -352,6 +352,7 @@ def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, setting
     assert "Traceback" not in out.stderr
     out = run_farm(env, "runs", "prune", "--older-than", "30d", "--dry-run")
     assert out.returncode == 0 and json.loads(out.stdout)["dry_run"] is True
+    assert json.loads(out.stdout)["complete"] is True
     assert rows_of(settings, made["old_done"])["runs"] == 1
     host, q = fence_tables(router)[1]
     router.run_on(host, lambda cur: cur.execute(
@@ -360,6 +361,12 @@ def test_the_cli_prunes_reports_sizes_and_refuses_a_bad_age(env, ledger, setting
     doc = json.loads(out.stdout)
     assert out.returncode == 0 and doc["runs"] >= 1 and doc["batches"] >= 3
     assert doc["fences"] >= 1 and fences_of(router, made["old_done"])[1] == 0
+    assert doc["complete"] is True
+    missing = {**env, "FARM_CONTROL_DSN": env["FARM_CONTROL_DSN"].rsplit("/", 1)[0] + "/"
+               + ns_db("farm_control_absent")}
+    out = run_farm(missing, "runs", "prune", "--older-than", "30d")  # what went: nothing
+    assert out.returncode == 1 and json.loads(out.stdout)["complete"] is False, out
+    assert out.stderr.startswith("farm: error: MySQL error 1049"), out.stderr
     assert rows_of(settings, made["old_done"])["runs"] == 0
     out = run_farm(env, "runs", "--limit", "3")
     assert out.returncode == 0 and "bytes per chunk row" in out.stdout.splitlines()[-1]
