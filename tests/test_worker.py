@@ -8,6 +8,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,31 @@ def test_a_worker_rq_ended_on_an_error_exits_1_not_0(env, conn, monkeypatch):
     assert worker.exit_status() == 0
 
 
+@contextmanager
+def _worker_of(env: dict, server: PrivateRedis) -> Iterator:
+    """A worker process of queue ``ro`` on ``server``; killed after the block if it still
+    runs, and the server stopped."""
+    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
+                 {**env, "FARM_REDIS_URL": server.url()})
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        server.stop()
+
+
+def _stopped_with_one_unrecorded_end(proc, says: str) -> None:
+    """Stop the worker: exit 1 (a job's end went unrecorded), no traceback, one line of it."""
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 1, output(proc)
+    out = output(proc)
+    assert "Traceback" not in out, out
+    (line,) = [ln for ln in out.splitlines() if "its end is not recorded" in ln]
+    assert says in line and "delivered again" in line, line
+
+
 def test_a_job_that_ends_while_redis_refuses_writes_leaves_the_worker_running(env, tmp_path):
     """A job ends while Redis refuses writes (a failover's demoted master): rq cannot record
     its end, and used to quit with a traceback. Now the worker says so in one line and waits
@@ -179,9 +206,7 @@ def test_a_job_that_ends_while_redis_refuses_writes_leaves_the_worker_running(en
     the job that ended unrecorded is delivered again by rq's registry cleanup (housekeeping),
     not lost. Its exit status then says a job's end went unrecorded (1)."""
     server = PrivateRedis.start()
-    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
-                 {**env, "FARM_REDIS_URL": server.url()})
-    try:
+    with _worker_of(env, server) as proc:
         conn = redis.Redis.from_url(server.url())
         first, second = tmp_path / "first", tmp_path / "second"
         runs = lambda gate: len(Path(f"{gate}.held").read_text().splitlines())  # noqa: E731
@@ -199,18 +224,8 @@ def test_a_job_that_ends_while_redis_refuses_writes_leaves_the_worker_running(en
         enqueue_many("ro", "tests.kinds.gated", [{"gate": str(second)}], connection=conn)
         Path(f"{second}.go").touch()
         until(lambda: Path(f"{second}.held").exists(), timeout=60, what="the next job")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 1, output(proc)
-        out = output(proc)
-        assert "Traceback" not in out, out
-        (line,) = [ln for ln in out.splitlines() if "its end is not recorded" in ln]
-        assert "refuses writes" in line and "delivered again" in line, line
+        _stopped_with_one_unrecorded_end(proc, "refuses writes")
         assert runs(first) == 2 and runs(second) == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        server.stop()
 
 
 def test_a_job_that_ends_while_redis_is_down_leaves_the_worker_running(env, tmp_path):
@@ -218,9 +233,7 @@ def test_a_job_that_ends_while_redis_is_down_leaves_the_worker_running(env, tmp_
     one line, the worker waits for Redis and then takes the next job (rq quit with a
     traceback)."""
     server = PrivateRedis.start()
-    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
-                 {**env, "FARM_REDIS_URL": server.url()})
-    try:
+    with _worker_of(env, server) as proc:
         first, second = tmp_path / "first", tmp_path / "second"
         enqueue_many("ro", "tests.kinds.gated", [{"gate": str(first)}],
                      connection=redis.Redis.from_url(server.url()))
@@ -230,22 +243,12 @@ def test_a_job_that_ends_while_redis_is_down_leaves_the_worker_running(env, tmp_
         until(lambda: "Redis does not answer" in output(proc), timeout=30,
               what="the worker to find Redis gone")
         assert proc.poll() is None, output(proc)
-        server = PrivateRedis.start(port=server.port)
+        server.proc = PrivateRedis.start(port=server.port).proc  # stopped with the block
         enqueue_many("ro", "tests.kinds.gated", [{"gate": str(second)}],
                      connection=redis.Redis.from_url(server.url()))
         Path(f"{second}.go").touch()
         until(lambda: Path(f"{second}.held").exists(), timeout=60, what="the next job")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 1, output(proc)
-        out = output(proc)
-        assert "Traceback" not in out, out
-        (line,) = [ln for ln in out.splitlines() if "its end is not recorded" in ln]
-        assert "does not answer" in line, line
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        server.stop()
+        _stopped_with_one_unrecorded_end(proc, "does not answer")
 
 
 def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):
@@ -254,9 +257,7 @@ def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):
     in a traceback out of ``work()``; now one line names Redis, exit 1 (its registration
     expires with its TTL)."""
     server = PrivateRedis.start()
-    proc = spawn([sys.executable, "-m", "workers.worker", "--queues", "ro"],
-                 {**env, "FARM_REDIS_URL": server.url()})
-    try:
+    with _worker_of(env, server) as proc:
         conn = redis.Redis.from_url(server.url())
         # idle: past rq's start-up writes (outside any error handling), in its dequeue
         until(lambda: [w.get_state() for w in Worker.all(connection=conn)] == ["idle"],
@@ -266,12 +267,7 @@ def test_a_worker_stopped_while_redis_refuses_writes_says_so_in_one_line(env):
               what="the worker to meet the refusal")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 1, output(proc)
-        out = output(proc)
-        assert "Traceback" not in out, out
-        (line,) = [ln for ln in out.splitlines() if "could not register or unregister" in ln]
-        assert server.url() in line or f":{server.port}" in line, line
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        server.stop()
+    out = output(proc)
+    assert "Traceback" not in out, out
+    (line,) = [ln for ln in out.splitlines() if "could not register or unregister" in ln]
+    assert server.url() in line or f":{server.port}" in line, line
