@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import click
 import redis
 
-from farmcore.progress import read_progress
+from farmcore.progress import RunProgress, read_progress
 from jobs import runs
 from jobs.runtime import Runtime
 from jobs.status import serving
@@ -74,13 +74,22 @@ class Unserved:
 
 def wait_with_progress(rt: Runtime, run_id: str) -> str:
     """Show the run's progress until it ends; returns its final status. Ctrl-C stops the
-    waiting, not the run (``goes_on``); a note says so when no worker serves its queue."""
+    waiting, not the run (``goes_on``); a note says so when no worker serves its queue, and
+    when the run is paused or unpaused meanwhile."""
     bars = ProgressBars(run_id)
-    unserved = Unserved(rt.redis, rt.ledger.run(run_id)["queue"], bars)
+    run = rt.ledger.run(run_id)
+    unserved = Unserved(rt.redis, run["queue"], bars)
+    paused = [bool(run["paused"])]  # as the wait last said it ('farm resume' says it first)
 
-    def tick(p: object) -> None:
+    def tick(p: RunProgress) -> None:
         bars(p)
-        unserved()
+        if p.paused != paused[0] and not p.finished:
+            paused[0] = p.paused
+            bars.close()  # the next drawing starts below the note
+            note(f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause "
+                 f"{run_id}'; still waiting" if p.paused else f"{run_id} is unpaused")
+        if not p.paused:
+            unserved()
     try:
         with goes_on(run_id, bars):
             return runs.wait(rt, run_id, on_tick=tick)
@@ -111,4 +120,16 @@ def finish(app: App, run_id: str, wait: bool, as_json: bool = False) -> None:
         wait_with_progress(rt, run_id)
     doc = show_summary(rt, run_id, as_json)
     if wait and not runs.ended_well(doc):
+        if not for_people(as_json):  # a person read it in the summary's lines
+            click.echo(f"farm: error: {ended_badly(doc, run_id)}", err=True)
         sys.exit(1)
+
+
+def ended_badly(doc: dict, run_id: str) -> str:
+    """One line for a run that did not end well: how, and what to run next."""
+    if doc.get("mismatches"):
+        return (f"{run_id} found {doc['mismatches']:,} mismatch(es): 'farm mismatches --run "
+                f"{run_id}' lists them")
+    failed = doc.get("failed_chunks") or 0
+    return (f"{run_id} ended {doc['status']} with {failed:,} chunk(s) not done: 'farm failed "
+            f"--run {run_id}' says why, 'farm retry-failed --run {run_id}' tries them again")

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import click
 
+from jobs.policy import ForbiddenJobError, parse_modules
 from scripts.app import App
 from shardfarm.errors import UsageError
 from shardfarm.lists import names, queues
@@ -96,10 +97,22 @@ class Seconds(click.FloatRange):
         return float(super().convert(seconds, param, ctx))
 
 
+def _prefixes(_ctx: click.Context, _param: click.Parameter, groups: tuple) -> tuple[str, ...]:
+    """``--allow-module`` values as one tuple of prefixes; a malformed one is a usage
+    mistake (exit 2), as in ``FARM_JOB_MODULES`` it is a configuration one."""
+    prefixes = tuple(prefix for group in groups for prefix in group)
+    for prefix in prefixes:
+        try:
+            parse_modules([prefix])
+        except ForbiddenJobError:
+            raise UsageError(f"bad --allow-module {prefix[:80]!r} (expected dotted names such "
+                             "as 'mycompany.jobs')") from None
+    return prefixes
+
+
 ALLOW_MODULE = click.option(
     "--allow-module", "allow_modules", multiple=True, metavar="PREFIX[,PREFIX]",
-    type=CommaList(), callback=lambda _ctx, _param, groups: tuple(
-        prefix for group in groups for prefix in group),
+    type=CommaList(), callback=_prefixes,
     help="Module prefixes whose functions workers may run, besides the farm's own; "
          "replaces FARM_JOB_MODULES when given. [env: FARM_JOB_MODULES]")
 

@@ -230,6 +230,46 @@ def test_an_enqueue_wait_with_no_worker_on_its_queue_says_so_then_ends_when_one_
     assert json.loads(out.strip().splitlines()[-1])["done"] == 3, out
 
 
+def test_a_wait_says_when_its_run_is_paused_and_unpaused_from_elsewhere(rt, env):
+    """``farm pause`` from another shell: the waiting command went silent for as long as the
+    pause lasted. Now a note says the run is paused and what unpauses it, another when it
+    is unpaused, and the wait ends when the run does."""
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
+    proc = spawn([sys.executable, "-m", "scripts", "resume", run_id, "--wait"], env)
+    workers = None
+    try:
+        until(lambda: "re-enqueued" in output(proc), timeout=60, what="the wait")
+        assert run_farm(env, "pause", run_id).returncode == 0
+        until(lambda: f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause "
+              f"{run_id}'; still waiting" in output(proc), timeout=30, what="the pause note")
+        workers = start_workers(env, 1)
+        assert run_farm(env, "unpause", run_id).returncode == 0
+        assert proc.wait(timeout=60) == 0, output(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if workers is not None:
+            stop(workers)
+    out = output(proc)
+    assert out.count("is paused") == 1 and f"farm: note: {run_id} is unpaused" in out, out
+
+
+def test_a_failed_run_waited_on_off_a_terminal_says_so_on_stderr(rt, env):
+    """Off a terminal the JSON line was all: exit 1 with nothing on stderr saying what
+    failed or what to run next."""
+    run_id = runs.start(rt, "test", "tests.kinds.explode", [ChunkSpec("boom", {"fatal": True})])
+    workers = start_workers(env, 1)
+    try:
+        out = run_farm(env, "resume", run_id, "--wait", timeout=120)
+    finally:
+        stop(workers)
+    assert out.returncode == 1 and json.loads(out.stdout.splitlines()[-1])["status"] == "failed"
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"farm: error: {run_id} ended failed with 1 chunk(s) not done: 'farm failed --run "
+        f"{run_id}' says why, 'farm retry-failed --run {run_id}' tries them again"), out.stderr
+
+
 def test_serving_counts_the_live_workers_of_a_queue(rt, env):
     """What the note above reads: a worker registered on the queue counts (on another queue
     not), and an entry whose worker hash is gone (a dead worker's, or forged) does not."""
