@@ -73,22 +73,31 @@ _NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id A
                  "('pending', 'running') OR x.lease_expires > NOW(3)))")
 
 
-def _ended(include_failed: bool, older_than_s: int) -> tuple[str, tuple]:
+# the newest run of its kind (``r``: the run's row)
+_NEWEST = ("r.run_id = (SELECT n.run_id FROM runs n WHERE n.kind = r.kind ORDER BY "
+           "n.created_at DESC, n.run_id DESC LIMIT 1)")
+
+
+def _ended(include_failed: bool, older_than_s: int, keep_latest: tuple[str, ...] = ()
+           ) -> tuple[str, tuple]:
     """The condition on run ``r`` that lets it be pruned, and its parameters: ended (``done``
     or ``cancelled``, or ``failed`` too) more than ``older_than_s`` seconds ago, nothing
-    pending or running."""
+    pending or running, and not the newest run of a kind of ``keep_latest``."""
     states = (DONE, CANCELLED, FAILED) if include_failed else (DONE, CANCELLED)
+    keep = (f" AND NOT (r.kind IN ({','.join(['%s'] * len(keep_latest))}) AND {_NEWEST})"
+            if keep_latest else "")
     return (f"r.status IN ({','.join(['%s'] * len(states))}) AND r.finished_at IS NOT NULL "
-            f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT}",
-            (*states, older_than_s))
+            f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT}{keep}",
+            (*states, older_than_s, *keep_latest))
 
 
 def prunable(pool: Pool, older_than_s: int, include_failed: bool = False, *,
-             pruning_s: int = 0) -> list[str]:
+             pruning_s: int = 0, keep_latest: tuple[str, ...] = ()) -> list[str]:
     """Runs that ended more than ``older_than_s`` seconds ago, oldest first, with no chunk
     pending or running (``done`` and ``cancelled`` runs; ``failed`` ones too when asked),
-    and runs a prune left half pruned (those that ended ``pruning_s`` seconds ago or more)."""
-    cond, args = _ended(include_failed, older_than_s)
+    but the newest run of each kind of ``keep_latest``, and runs a prune left half pruned
+    (those that ended ``pruning_s`` seconds ago or more)."""
+    cond, args = _ended(include_failed, older_than_s, keep_latest)
     return [r[0] for r in pool.query(
         f"SELECT r.run_id FROM runs r WHERE (r.status = '{PRUNING}' AND (%s = 0 OR "
         f"r.finished_at < NOW(3) - INTERVAL %s SECOND)) OR ({cond}) ORDER BY r.finished_at",
@@ -103,23 +112,26 @@ FENCE_BATCH = 1000  # pruned runs whose fences one call of ``fences`` forgets
 def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 5000,
           include_failed: bool = False, fences: Fences | None = None,
           on_batch: Callable[[str, str, int], None] | None = None,
-          report: PruneReport | None = None) -> PruneReport:
-    """Archive and delete every prunable run (see ``prunable``), then, with ``fences``,
+          report: PruneReport | None = None, keep_latest: tuple[str, ...] = ()
+          ) -> PruneReport:
+    """Archive and delete every prunable run (see ``prunable``; the newest run of each kind
+    of ``keep_latest`` stays, whatever its age), then, with ``fences``,
     forget the fence rows of every pruned run that ended ``FENCE_FLOOR_S`` ago or more
     (``fences_due``); ``on_batch(run_id, table, deleted)`` is called after each DELETE.
     Fills and returns ``report`` (what went so far if it raises)."""
     report = report or PruneReport(dry_run=dry_run)
-    for run_id in prunable(pool, older_than_s, include_failed):
+    for run_id in prunable(pool, older_than_s, include_failed, keep_latest=keep_latest):
         if dry_run:
             report.runs += 1
             for table, label in CHILD_TABLES:
                 n = pool.query(f"SELECT COUNT(*) FROM {table} WHERE run_id = %s", (run_id,))
                 setattr(report, label, getattr(report, label) + int(n[0][0]))
-        elif _take(pool, run_id, *_ended(include_failed, older_than_s)):
+        elif _take(pool, run_id, *_ended(include_failed, older_than_s, keep_latest)):
             report.runs += 1
             _delete_run(pool, run_id, batch, report, on_batch)
     if fences is not None:
         old = prunable(pool, max(older_than_s, FENCE_FLOOR_S), include_failed,
+                       keep_latest=keep_latest,
                        pruning_s=FENCE_FLOOR_S) if dry_run else []
         report.fences = _forget_fences(pool, fences, fences_due(pool) + old, dry_run)
     report.complete = True

@@ -14,11 +14,14 @@ from farmcore.ledger_size import size_line
 from farmcore.progress import read_progress
 from jobs import recovery, runs, status
 from loaders.migration import follower
+from loaders.migration.runwatch import KIND as MIGRATE
 from scripts.app import App
 from scripts.follow import finish, goes_on, show_summary
 from scripts.options import AS_JSON, emit, farm_options, run_option, shared_flags
 from scripts.render import compact, echo_lines, note, runs_lines, status_lines
 from sharding import fencing
+
+KEEP_LATEST = (MIGRATE,)  # the newest run of these kinds is never pruned
 
 
 @click.command("status")
@@ -96,12 +99,13 @@ def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
     fence rows of pruned runs on every shard and mod bucket, a day after each run ended at
     the earliest (until then they refuse a stalled worker's late writes). Runs done or
     cancelled go; failed runs only with --include-failed; a run with a chunk pending or
-    running is never touched. Prints what went as JSON."""
+    running is never touched, nor the newest migrate run (which 'farm sync' follows and
+    'farm quarantine' shows). Prints what went as JSON."""
     age = prune.parse_age(older_than)
     report = prune.PruneReport(dry_run=dry_run)
     try:
         prune.prune(app.runtime.ledger.pool, age, dry_run=dry_run, batch=batch,
-                    include_failed=include_failed, report=report,
+                    include_failed=include_failed, report=report, keep_latest=KEEP_LATEST,
                     fences=partial(fencing.forget, app.runtime.router))
     finally:  # what went, also when a step failed
         emit(report.as_dict())

@@ -9,6 +9,7 @@ import pytest
 
 from farmcore import prune
 from farmcore.ledger import ChunkSpec
+from scripts.cmd_runs import KEEP_LATEST
 from shardfarm.errors import ShardFrozenError, UsageError
 from sharding import fencing
 from sharding.schema import mod_table, shard_table
@@ -28,10 +29,10 @@ def sql(settings, statement, args=()):
         conn.close()
 
 
-def make_run(ledger, settings, *, days_ago, states, status=None):
+def make_run(ledger, settings, *, days_ago, states, status=None, kind="test"):
     """A run whose chunks are in ``states`` and which ended ``days_ago`` days ago (ended runs
     get a quarantined row and a verify finding too)."""
-    run_id = ledger.create_run("test", "farm", {}, [ChunkSpec("k", {"i": i})
+    run_id = ledger.create_run(kind, "farm", {}, [ChunkSpec("k", {"i": i})
                                                      for i in range(len(states))])
     for i, state in enumerate(states):
         sql(settings, "UPDATE chunks SET state = %s, rows_written = 10 WHERE run_id = %s "
@@ -77,6 +78,24 @@ def test_prune_removes_old_done_runs_only_and_archives_their_summary(ledger, set
     assert rows_of(settings, made["old_failed"])["runs"] == 0
     assert rows_of(settings, made["stale"])["chunks"] == 2  # never an unfinished run
     assert rows_of(settings, made["recent"])["chunks"] == 3
+
+
+def test_the_newest_run_of_a_kept_kind_stays_whatever_its_age(ledger, settings):
+    """'farm runs prune --older-than 1s' (1w meant) pruned the migrate run 'farm sync'
+    follows and 'farm quarantine' shows, with its quarantined rows: the newest run of a
+    kind the CLI keeps (``KEEP_LATEST``: migrate) now stays; older ones of it go."""
+    assert KEEP_LATEST == ("migrate",)
+    older = make_run(ledger, settings, days_ago=50, states=["done"], kind="keepme")
+    newest = make_run(ledger, settings, days_ago=40, states=["done"], kind="keepme")
+    other = make_run(ledger, settings, days_ago=40, states=["done"], kind="other")
+    assert prune.prune(ledger.pool, 30 * 86400, dry_run=True,
+                       keep_latest=("keepme",)).runs >= 2
+    prune.prune(ledger.pool, 30 * 86400, keep_latest=("keepme",))
+    assert rows_of(settings, older)["runs"] == rows_of(settings, other)["runs"] == 0
+    assert rows_of(settings, newest) == {"runs": 1, "chunks": 1, "quarantine": 1,
+                                         "verify_mismatches": 1}
+    prune.prune(ledger.pool, 30 * 86400)  # not kept: it goes
+    assert rows_of(settings, newest)["runs"] == 0
 
 
 def test_a_cancelled_run_is_pruned_like_a_done_one_a_failed_one_is_not(ledger, settings):
