@@ -3,6 +3,7 @@
 import json
 import random
 import threading
+import time
 
 import pytest
 import redis
@@ -369,3 +370,49 @@ def test_a_directory_that_lists_the_home_shard_is_refused_not_read_twice(rt, rou
     out = run_farm(farm_env, "followers", str(board))
     assert out.returncode == 1 and out.stderr == f"farm: error: {want}\n", out.stderr
     assert sorted(_rows_everywhere(router, board)) == before  # nothing written anywhere
+
+
+def test_hot_boards_listed_on_each_others_homes_rebuild_without_a_lock_cycle(
+        rt, router, hot_board, monkeypatch):
+    """Board X homed on A spread onto B, board Y homed on B spread onto A, both in one reverse
+    chunk: each home transaction took its fence, then wrote its listed shard's rows on
+    another connection, which needed the other home's fence: a wait cycle the server cannot
+    see, and both sat until a timeout killed one (a rebuild after a rebalance took 30 s and
+    more, 'MySQL server has gone away'). A barrier holds both home transactions at the step
+    where they write their listed shards' rows, so the two always overlap there."""
+    board_x, expected_x = hot_board
+    y_home = SHARDS_B[0] + 2
+    board_y = ids.encode(y_home, "board", 900_500_000)
+    users = [ids.encode(SHARDS_A[0] + i % 4, "user", 900_600_000 + i) for i in range(40)]
+    MappingStore(router, "user_follows_boards").add_many(
+        [Edge(u, board_y, 1_500_000_000 + i) for i, u in enumerate(users)])
+    listed = [(board_x, HOT_SHARD, y_home), (board_y, y_home, HOT_SHARD)]
+    try:
+        for board, home, shard in listed:
+            router.run(home, lambda cur, b=board, h=home, s=shard: cur.execute(
+                f"INSERT INTO {shard_table(h, hotspot.DIRECTORY)} (board_id, shard, state) "
+                "VALUES (%s, %s, 'active')", (b, s)))
+        barrier, real = threading.Barrier(2, timeout=30), reverser.write_shards
+
+        def together(*args, **kwargs):
+            barrier.wait()
+            return real(*args, **kwargs)
+        monkeypatch.setattr(reverser, "write_shards", together)
+        params, chunks = reverser.plan(router, ["board_followedby_users"], chunk_rows=100_000)
+        assert len(chunks) == 1
+        t0 = time.monotonic()
+        _run_inline(rt, "reverse", reverser.HANDLER, params, chunks)
+        assert time.monotonic() - t0 < 20
+        assert {(s, u, q) for s, u, q in _rows_everywhere(router, board_x)} == {
+            (y_home, u, q) for u, q in expected_x}  # spread: on its listed shard only
+        assert sorted(_rows_everywhere(router, board_y)) == sorted(
+            (HOT_SHARD, u, 1_500_000_000 + i) for i, u in enumerate(users))
+    finally:
+        router.run(y_home, lambda cur: cur.execute(
+            f"DELETE FROM {shard_table(y_home, hotspot.DIRECTORY)} WHERE board_id = %s",
+            (board_y,)))
+        for s in [*range(SHARDS_A[0], SHARDS_A[1] + 1), *range(SHARDS_B[0], SHARDS_B[1] + 1)]:
+            for t, col in (("board_followedby_users", "from_id"), ("user_follows_boards",
+                                                                   "to_id")):
+                router.run(s, lambda cur, s=s, t=t, col=col: cur.execute(
+                    f"DELETE FROM {shard_table(s, t)} WHERE {col} = %s", (board_y,)))

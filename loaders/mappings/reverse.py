@@ -220,10 +220,17 @@ def _write_followers(ctx: ChunkContext, dest: int, text: str, n: int,
 def _place_followers(ctx: ChunkContext, cur, home: int, text: str, n: int) -> int:
     """In the home shard's transaction: lock the directory; with no hot board listed, load
     the text as it is; else commit hot boards' rows on their listed shards first and load
-    the home rows (only then are rows parsed)."""
+    the home rows (only then are rows parsed).
+
+    The home shard's fence is taken after the listed shards' rows are committed: those go
+    on other connections (fenced each), and another destination's home transaction of the
+    same chunk, running beside this one, may list this home for its own hot board. Held
+    first, the two fences made a wait cycle across connections that the server cannot see
+    (each home transaction waiting in this process for its listed shards' writes, those
+    for the other's fence), so both sat until a timeout killed one."""
     entries = lock_directory(cur, home)
-    fencing.check(cur, home, ctx.token)
     if not entries:
+        fencing.check(cur, home, ctx.token)
         writer.load_text(cur, shard_table(home, FOLLOWERS), "mapping", text)
         return n
     rows = [tuple(map(int, line.split("\t"))) for line in text.splitlines()]
@@ -233,6 +240,7 @@ def _place_followers(ctx: ChunkContext, cur, home: int, text: str, n: int) -> in
         for shard, group in spread.items():
             target.mappings[(shard, FOLLOWERS)] = group
         write_shards(ctx.router, ctx.token, target, threads=1)
+    fencing.check(cur, home, ctx.token)
     if home_rows:
         writer.load_rows(cur, shard_table(home, FOLLOWERS), "mapping", home_rows)
     return len(home_rows) + sum(len(g) for g in spread.values())
