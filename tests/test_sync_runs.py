@@ -201,8 +201,14 @@ def test_an_older_run_holds_sync_up_only_while_it_works(
 def test_cutover_waits_for_sync_to_follow_the_latest_migration(
         live, router, ledger, map_path, legacy_server):  # noqa: F811
     """While a migration runs, cut-over says sync waits for it; once it has ended with no
-    change since, sync follows it (its checkpoint names the new run) and cut-over passes."""
+    change since, sync follows it (its checkpoint names the new run) and cut-over passes.
+    With no 'farm sync' running at all, cut-over says so once while it waits (it said
+    nothing until its timeout)."""
     _migrate(live)
+    out = run_farm(live, "cutover", "--timeout", "7", timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.count("farm: note: no 'farm sync' holds sync's lease: none is running: "
+                            "start 'farm sync' (cutover waits up to 7 s") == 1, out.stderr
     sync = start_sync(live)
     try:
         faults.wait_until(lambda: _caught_up(ledger, legacy_server), "sync to catch up")

@@ -21,6 +21,7 @@ from shardfarm.errors import RetryableError
 from workers import launch
 
 POLL_SECONDS = 0.5
+LEADERLESS_SECONDS = 5.0  # no sync leader this long: the wait says so
 
 
 class SyncBehindError(RetryableError):
@@ -81,6 +82,7 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
     final = binlog.current_position(reader)
     notice(f"waiting for sync to apply up to {final or '(empty)'}")
     deadline = time.monotonic() + timeout
+    leaderless = NoLeader(timeout, notice)
     while True:
         state = rt.ledger.sync_state.read() or {}
         gtid = state.get("gtid") and binlog.stored(
@@ -88,6 +90,7 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
         if gtid and binlog.behind(gtid, final) == 0 \
                 and runwatch.activity(rt.ledger).blocker(state.get("run_id")) is None:
             break  # applied up to the end, following the latest migration, which has ended
+        leaderless.see(bool(state.get("leading")))
         if time.monotonic() > deadline:
             raise SyncBehindError(f"sync has not applied up to {final} after {timeout:.0f} s "
                                   f"({_why_behind(rt, state)}); nothing was cut over")
@@ -101,4 +104,31 @@ def _verified(rt: Runtime, reader: LegacyReader, freeze: bool, timeout: float,
 def _why_behind(rt: Runtime, state: dict) -> str:
     """What keeps sync behind, as far as the control database tells."""
     waiting = runwatch.waiting_for(rt.ledger, state.get("run_id"))
-    return f"it waits for {waiting}" if waiting else "is 'farm sync' running?"
+    if waiting:
+        return f"it waits for {waiting}"
+    return "is 'farm sync' running?" if state.get("leading") else NO_LEADER
+
+
+NO_LEADER = "no 'farm sync' holds sync's lease: none is running"
+
+
+class NoLeader:
+    """Says once (``notice``) that no ``farm sync`` holds the lease, when none has for
+    ``LEADERLESS_SECONDS`` of the wait: the wait cannot end until one runs."""
+
+    def __init__(self, timeout: float, notice: Callable[[str], None]) -> None:
+        self.timeout, self.notice = timeout, notice
+        self.since: float | None = None
+        self.said = False
+
+    def see(self, leading: bool) -> None:
+        """One poll's look at the lease."""
+        now = time.monotonic()
+        if leading:
+            self.since = None
+            return
+        self.since = now if self.since is None else self.since
+        if not self.said and now - self.since >= LEADERLESS_SECONDS:
+            self.notice(f"{NO_LEADER}: start 'farm sync' (cutover waits up to "
+                        f"{self.timeout:.0f} s for it to apply the rest)")
+            self.said = True
