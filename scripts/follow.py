@@ -79,12 +79,13 @@ def wait_with_progress(rt: Runtime, run_id: str) -> str:
     bars = ProgressBars(run_id)
     run = rt.ledger.run(run_id)
     unserved = Unserved(rt.redis, run["queue"], bars)
-    paused = [bool(run["paused"])]  # as the wait last said it ('farm resume' says it first)
+    paused = bool(run["paused"])  # as the wait last said it ('farm resume' says it first)
 
     def tick(p: RunProgress) -> None:
+        nonlocal paused
         bars(p)
-        if p.paused != paused[0] and not p.finished:
-            paused[0] = p.paused
+        if p.paused != paused and not p.finished:
+            paused = p.paused
             bars.close()  # the next drawing starts below the note
             note(f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause "
                  f"{run_id}'; still waiting" if p.paused else f"{run_id} is unpaused")
