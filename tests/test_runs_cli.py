@@ -4,6 +4,8 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pymysql
 import pytest
@@ -204,27 +206,35 @@ def test_ctrl_c_during_enqueue_wait_says_the_items_stay_queued(rt, env, tmp_path
         "queue, 'farm failed' any that fail)"]
 
 
+@contextmanager
+def _waiting(env: dict, *args: str) -> Iterator[tuple]:
+    """``farm ARGS`` as a subprocess, and a list for the workers the block starts: the
+    command killed if it still runs after the block, the workers stopped."""
+    proc = spawn([sys.executable, "-m", "scripts", *args], env)
+    workers: list = []
+    try:
+        yield proc, workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for w in workers:
+            stop(w)
+
+
 def test_an_enqueue_wait_with_no_worker_on_its_queue_says_so_then_ends_when_one_comes(
         rt, env, tmp_path):
     """A typo in the queue, or no ``farm workers``: ``farm enqueue --wait`` sat at 0 items
     saying nothing. Now one note names the queue and what to start, and the wait goes on."""
     items = tmp_path / "items.jsonl"
     items.write_text("".join(json.dumps({"key": f"u{i}", "value": i}) + "\n" for i in range(3)))
-    proc = spawn([sys.executable, "-m", "scripts", "enqueue", "unserved", "tests.kinds.record",
-                  "--file", str(items), "--wait"], env)
     said = ("farm: note: no worker has taken jobs from queue 'unserved' for 10 s: start some "
             "with 'farm workers --queues unserved'; still waiting")
-    workers = None
-    try:
+    with _waiting(env, "enqueue", "unserved", "tests.kinds.record", "--file", str(items),
+                  "--wait") as (proc, workers):
         until(lambda: said in output(proc), timeout=40, what="the note")
-        workers = start_workers(env, 1, "--queues", "unserved")
+        workers.append(start_workers(env, 1, "--queues", "unserved"))
         assert proc.wait(timeout=60) == 0, output(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if workers is not None:
-            stop(workers)
     out = output(proc)
     assert out.count(said) == 1 and "Traceback" not in out, out
     assert json.loads(out.strip().splitlines()[-1])["done"] == 3, out
@@ -235,22 +245,14 @@ def test_a_wait_says_when_its_run_is_paused_and_unpaused_from_elsewhere(rt, env)
     pause lasted. Now a note says the run is paused and what unpauses it, another when it
     is unpaused, and the wait ends when the run does."""
     run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
-    proc = spawn([sys.executable, "-m", "scripts", "resume", run_id, "--wait"], env)
-    workers = None
-    try:
+    with _waiting(env, "resume", run_id, "--wait") as (proc, workers):
         until(lambda: "re-enqueued" in output(proc), timeout=60, what="the wait")
         assert run_farm(env, "pause", run_id).returncode == 0
         until(lambda: f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause "
               f"{run_id}'; still waiting" in output(proc), timeout=30, what="the pause note")
-        workers = start_workers(env, 1)
+        workers.append(start_workers(env, 1))
         assert run_farm(env, "unpause", run_id).returncode == 0
         assert proc.wait(timeout=60) == 0, output(proc)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if workers is not None:
-            stop(workers)
     out = output(proc)
     assert out.count("is paused") == 1 and f"farm: note: {run_id} is unpaused" in out, out
 
