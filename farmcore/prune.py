@@ -73,6 +73,8 @@ _NOTHING_LEFT = ("NOT EXISTS (SELECT 1 FROM chunks x WHERE x.run_id = r.run_id A
                  "('pending', 'running') OR x.lease_expires > NOW(3)))")
 
 
+# not the run 'farm sync' follows (its checkpoint names it), whatever its age
+_FOLLOWED = "NOT EXISTS (SELECT 1 FROM sync_state s WHERE s.run_id = r.run_id)"
 # the newest run of its kind (``r``: the run's row)
 _NEWEST = ("r.run_id = (SELECT n.run_id FROM runs n WHERE n.kind = r.kind ORDER BY "
            "n.created_at DESC, n.run_id DESC LIMIT 1)")
@@ -82,13 +84,14 @@ def _ended(include_failed: bool, older_than_s: int, keep_latest: tuple[str, ...]
            ) -> tuple[str, tuple]:
     """The condition on run ``r`` that lets it be pruned, and its parameters: ended (``done``
     or ``cancelled``, or ``failed`` too) more than ``older_than_s`` seconds ago, nothing
-    pending or running, and not the newest run of a kind of ``keep_latest``."""
+    pending or running, not the run ``farm sync`` follows, and not the newest run of a kind
+    of ``keep_latest``."""
     states = (DONE, CANCELLED, FAILED) if include_failed else (DONE, CANCELLED)
     keep = (f" AND NOT (r.kind IN ({','.join(['%s'] * len(keep_latest))}) AND {_NEWEST})"
             if keep_latest else "")
     return (f"r.status IN ({','.join(['%s'] * len(states))}) AND r.finished_at IS NOT NULL "
-            f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT}{keep}",
-            (*states, older_than_s, *keep_latest))
+            f"AND r.finished_at < NOW(3) - INTERVAL %s SECOND AND {_NOTHING_LEFT}"
+            f" AND {_FOLLOWED}{keep}", (*states, older_than_s, *keep_latest))
 
 
 def prunable(pool: Pool, older_than_s: int, include_failed: bool = False, *,

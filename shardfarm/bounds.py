@@ -36,7 +36,7 @@ from shardfarm.retry import TRANSIENT, RetryPolicy
 from shardfarm.tuning import connect_timeout, status_timeout
 
 STATUS_VARIABLE = "FARM_STATUS_TIMEOUT"  # parsed with the other tunables (shardfarm.tuning)
-REDIS_REPLY_SECONDS = 20.0  # the longest a farm client waits for one reply of Redis (a bound)
+REDIS_REPLY_LIMIT = 20.0  # the longest a farm client waits for one reply of Redis (a bound)
 SOCKET_MARGIN = 1.0  # the socket waits this much longer than the server's own limits
 S3_READ_SECONDS = 60.0  # one reply of S3 to a worker (a part's upload, a listing page)
 S3_ATTEMPTS = 3  # tries of one S3 call by a worker (botocore's standard retry mode)
@@ -109,7 +109,7 @@ def redis_error_line(exc: redis.RedisError) -> str:
     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     if isinstance(exc, redis.TimeoutError):
         return (f"Redis: {first} (no answer within FARM_CONNECT_TIMEOUT to connect, "
-                f"{STATUS_VARIABLE} for a status read, or {REDIS_REPLY_SECONDS:g} s for any "
+                f"{STATUS_VARIABLE} for a status read, or {REDIS_REPLY_LIMIT:g} s for any "
                 "other reply: check FARM_REDIS_URL (redis:// or rediss://, as the server "
                 "speaks) and the network)")
     if isinstance(exc, redis.ResponseError):  # Redis is there and answered: no URL to check

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import redis
 
 from shardfarm import tuning
-from shardfarm.bounds import REDIS_REPLY_SECONDS
+from shardfarm.bounds import REDIS_REPLY_LIMIT
 from shardfarm.errors import ConfigError, UsageError
 from shardfarm.mysql.dsn import DSN
 from shardfarm.redact import UNENCODED, authority_problem, redact_url, unencoded_password
@@ -81,11 +81,11 @@ class Settings:
     def redis(self, socket_timeout: float | None = None) -> redis.Redis:
         """A client of the farm's Redis whose connecting is bounded by ``connect_timeout``;
         its replies (and a ``rediss://`` handshake) by ``socket_timeout`` if given (a status
-        view's), else by ``REDIS_REPLY_SECONDS``: a server that accepts and never answers
+        view's), else by ``REDIS_REPLY_LIMIT``: a server that accepts and never answers
         is an error, not a hang. A worker's takes block 0.5 s at a time (``jobs.dequeue``),
         and rq raises the bound of its own connection to its dequeue timeout."""
         return redis.Redis.from_url(self.redis_url, socket_connect_timeout=self.connect_timeout,
-                                    socket_timeout=socket_timeout or REDIS_REPLY_SECONDS)
+                                    socket_timeout=socket_timeout or REDIS_REPLY_LIMIT)
 
     def with_(self, **changes: object) -> Settings:
         """A copy with some fields changed."""

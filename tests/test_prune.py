@@ -98,6 +98,25 @@ def test_the_newest_run_of_a_kept_kind_stays_whatever_its_age(ledger, settings):
     assert rows_of(settings, newest)["runs"] == 0
 
 
+def test_the_run_sync_follows_stays_whatever_its_age(ledger, settings):
+    """A newer migrate run started (not followed yet): the one 'farm sync' follows, named by
+    its checkpoint, must stay too, with its quarantined rows."""
+    followed = make_run(ledger, settings, days_ago=40, states=["done"], kind="keepme")
+    saved = sql(settings, "SELECT run_id FROM sync_state WHERE name = 'sync'")
+    sql(settings, "INSERT INTO sync_state (name, run_id) VALUES ('sync', %s) ON DUPLICATE KEY "
+        "UPDATE run_id = VALUES(run_id)", (followed,))
+    try:
+        prune.prune(ledger.pool, 30 * 86400)
+        assert rows_of(settings, followed)["quarantine"] == 1
+    finally:
+        if saved:
+            sql(settings, "UPDATE sync_state SET run_id = %s WHERE name = 'sync'", saved[0])
+        else:
+            sql(settings, "DELETE FROM sync_state WHERE name = 'sync'")
+    prune.prune(ledger.pool, 30 * 86400)  # followed no more: it goes
+    assert rows_of(settings, followed)["runs"] == 0
+
+
 def test_a_cancelled_run_is_pruned_like_a_done_one_a_failed_one_is_not(ledger, settings):
     """A run 'farm cancel' ended was ended on purpose: pruned without --include-failed (before,
     as a ``failed`` run, only with it), and archived as ``cancelled``."""

@@ -244,7 +244,8 @@ def test_a_wait_says_when_its_run_is_paused_and_unpaused_from_elsewhere(rt, env)
     """``farm pause`` from another shell: the waiting command went silent for as long as the
     pause lasted. Now a note says the run is paused and what unpauses it, another when it
     is unpaused, and the wait ends when the run does."""
-    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 0})])
+    # a nap of 2 s: the wait (polls every 0.2 s) sees the run unpaused before it ends
+    run_id = runs.start(rt, "test", "tests.kinds.sleepy", [ChunkSpec("nap", {"seconds": 2})])
     with _waiting(env, "resume", run_id, "--wait") as (proc, workers):
         until(lambda: "re-enqueued" in output(proc), timeout=60, what="the wait")
         assert run_farm(env, "pause", run_id).returncode == 0

@@ -23,7 +23,7 @@ from farmcore.ledger import Ledger
 from jobs.runtime import Runtime
 from shardfarm.bounds import (
     BULK,
-    REDIS_REPLY_SECONDS,
+    REDIS_REPLY_LIMIT,
     Bound,
     redis_error_line,
     status_bound,
@@ -231,7 +231,7 @@ def test_every_command_ends_within_the_reply_bound_when_redis_does_not_answer(en
                                                                             tmp_path):
     """Redis accepts and never replies, or a ``rediss://`` URL names a plain Redis (the TLS
     handshake waits for ever): commands other than status views waited for ever with no
-    output; now each ends after ``REDIS_REPLY_SECONDS`` with one line that names the URL
+    output; now each ends after ``REDIS_REPLY_LIMIT`` with one line that names the URL
     to check. The commands run at once, so the test takes one bound."""
     run_id = make_run(ledger)
     items = tmp_path / "items.jsonl"
@@ -248,19 +248,19 @@ def test_every_command_ends_within_the_reply_bound_when_redis_does_not_answer(en
                                   env={**env, "FARM_REDIS_URL": url}, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
                  for url, argv in cases]
-        outs = [p.communicate(timeout=REDIS_REPLY_SECONDS + 30) for p in procs]
+        outs = [p.communicate(timeout=REDIS_REPLY_LIMIT + 30) for p in procs]
         took = time.monotonic() - t0
     finally:
         proxy.stop()
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    assert took < REDIS_REPLY_SECONDS + 15, took
+    assert took < REDIS_REPLY_LIMIT + 15, took
     for (_, argv), p, (_, err) in zip(cases, procs, outs, strict=True):
         lines = [x for x in err.strip().splitlines() if x.startswith("farm:")]
         assert p.returncode == 1 and "Traceback" not in err, (argv, err)
         assert lines[-1].startswith("farm: error: Redis: Timeout"), (argv, err)
-        assert f"{REDIS_REPLY_SECONDS:g} s for any other reply" in lines[-1], lines[-1]
+        assert f"{REDIS_REPLY_LIMIT:g} s for any other reply" in lines[-1], lines[-1]
 
 
 def test_the_dashboard_answers_while_redis_is_frozen(env, ledger):

@@ -154,8 +154,9 @@ class FarmWorker(SimpleWorker):
             self.broke = True  # a burst whose job's end went unrecorded did not succeed
             if not is_outage(exc):
                 raise
-            log.warning("job %s of queue %s ended while Redis %s (%s): its end is not "
-                        "recorded; it is delivered again once Redis takes writes", job.id,
+            log.warning("job %s of queue %s ended while Redis %s (%s): its end may not be "
+                        "recorded; housekeeping delivers it again once Redis takes writes (or "
+                        "fails it as abandoned if its retries are used up)", job.id,
                         queue.name, outage_said(exc), redact(str(exc)))
         except Exception:
             self.broke = True
@@ -224,7 +225,11 @@ class FarmWorker(SimpleWorker):
         if time.monotonic() - self._last_suspension_check < IDLE_BOOKKEEPING_SECONDS:
             return
         self._last_suspension_check = time.monotonic()
-        super().check_for_suspension(burst)
+        try:
+            super().check_for_suspension(burst)
+        except redis.RedisError as exc:
+            if not is_outage(exc):
+                raise  # else the dequeue that follows waits the outage out, and says so
 
 
 def taken(job: Job) -> None:

@@ -227,7 +227,9 @@ def _place_followers(ctx: ChunkContext, cur, home: int, text: str, n: int) -> in
     same chunk, running beside this one, may list this home for its own hot board. Held
     first, the two fences made a wait cycle across connections that the server cannot see
     (each home transaction waiting in this process for its listed shards' writes, those
-    for the other's fence), so both sat until a timeout killed one."""
+    for the other's fence), so both sat until a timeout killed one. The home fence is still
+    checked first, in a short transaction of its own (committed at once: fences only
+    grow), so a zombie writes no listed shard either."""
     entries = lock_directory(cur, home)
     if not entries:
         fencing.check(cur, home, ctx.token)
@@ -235,7 +237,8 @@ def _place_followers(ctx: ChunkContext, cur, home: int, text: str, n: int) -> in
         return n
     rows = [tuple(map(int, line.split("\t"))) for line in text.splitlines()]
     home_rows, spread = place(rows, entries)
-    if spread:
+    if spread:  # a zombie is refused before it writes anywhere: the home fence, committed
+        ctx.router.run(home, lambda c: fencing.check(c, home, ctx.token))  # at once
         target = TargetRows()
         for shard, group in spread.items():
             target.mappings[(shard, FOLLOWERS)] = group

@@ -165,7 +165,8 @@ def stream(dsn: DSN, start: str, columns: Columns, heartbeat: float = 1.0
         yield from _events(reader, pos, columns)
     except pymysql.err.OperationalError as exc:
         if exc.args and exc.args[0] == PURGED:
-            said = str(exc.args[1]).splitlines()[0][:200] if len(exc.args) > 1 else ""
+            said = (str(exc.args[1]).splitlines() or [""])[0][:200] if len(exc.args) > 1 \
+                else ""
             raise PurgedPositionError(
                 f"the legacy server cannot send binlog position {start or '(empty)'}: it was "
                 f"purged, or is past what the server holds (it says: {said}); a full re-run "
