@@ -17,7 +17,6 @@ from jobs.status import serving
 from shardfarm.errors import FencedError
 from tests.conftest import SHARDS_A, park_unfinished_runs, run_farm
 from tests.farmkit import output, spawn, start_workers, stop, until
-from tests.migratekit import last_json
 from workers.worker import build
 
 pytestmark = [pytest.mark.slow,  # end-to-end: real workers, servers or long waits
@@ -371,7 +370,12 @@ def test_a_run_cancelled_while_waited_for_ends_the_wait_with_exit_1(rt, env):
         assert waiting.poll() is None, output(waiting)
         assert json.loads(run_farm(env, "cancel", run_id).stdout)["cancelled_chunks"] == 2
         assert waiting.wait(timeout=60) == 1, output(waiting)
-        doc = last_json(output(waiting))
+        lines = output(waiting).strip().splitlines()  # stdout and stderr, in one
     finally:
         stop(waiting)
+    doc = json.loads([x for x in lines if x.startswith("{")][-1])
+    (error,) = [x for x in lines if x.startswith("farm: error:")]
     assert (doc["run_id"], doc["status"], doc["failed_chunks"]) == (run_id, "cancelled", 2)
+    assert error == (f"farm: error: {run_id} ended cancelled with 2 chunk(s) not done: 'farm "
+                     f"failed --run {run_id}' says why, 'farm retry-failed --run {run_id}' "
+                     "tries them again")
