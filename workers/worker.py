@@ -12,6 +12,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 from rq import SimpleWorker
@@ -209,27 +211,36 @@ class FarmWorker(SimpleWorker):
                             redact(f"{type(exc).__name__}: {exc}"))
 
     def heartbeat(self, timeout: int | None = None, pipeline=None) -> None:
-        """Worker heartbeats between jobs at most every couple of seconds (3 round trips each)."""
-        if pipeline is None and self.last_heartbeat is not None:
-            age = time.time() - self.last_heartbeat.timestamp()
-            if age < IDLE_BOOKKEEPING_SECONDS:
-                return
-        try:
+        """Worker heartbeats between jobs at most every couple of seconds (3 round trips each);
+        an outage meanwhile is left to the dequeue (``left_to_the_dequeue``)."""
+        if pipeline is not None:  # part of a caller's pipeline: its errors are the caller's
             super().heartbeat(timeout, pipeline)
-        except redis.RedisError as exc:
-            if pipeline is not None or not is_outage(exc):
-                raise  # else the dequeue that follows waits the outage out, and says so
+            return
+        last = self.last_heartbeat
+        if last is not None and time.time() - last.timestamp() < IDLE_BOOKKEEPING_SECONDS:
+            return
+        with left_to_the_dequeue():
+            super().heartbeat(timeout)
 
     def check_for_suspension(self, burst: bool) -> None:
-        """``rq suspend`` is honoured within a couple of seconds, not re-checked per job."""
+        """``rq suspend`` is honoured within a couple of seconds, not re-checked per job; an
+        outage meanwhile is left to the dequeue (``left_to_the_dequeue``)."""
         if time.monotonic() - self._last_suspension_check < IDLE_BOOKKEEPING_SECONDS:
             return
         self._last_suspension_check = time.monotonic()
-        try:
+        with left_to_the_dequeue():
             super().check_for_suspension(burst)
-        except redis.RedisError as exc:
-            if not is_outage(exc):
-                raise  # else the dequeue that follows waits the outage out, and says so
+
+
+@contextmanager
+def left_to_the_dequeue() -> Iterator[None]:
+    """A Redis outage met inside (rq's bookkeeping between jobs) is not an error: the dequeue
+    that follows waits it out and says so; any other Redis error is raised."""
+    try:
+        yield
+    except redis.RedisError as exc:
+        if not is_outage(exc):
+            raise
 
 
 def taken(job: Job) -> None:
