@@ -16,7 +16,7 @@ from jobs import recovery, runs, status
 from loaders.migration import follower
 from loaders.migration.runwatch import KIND as MIGRATE
 from scripts.app import App
-from scripts.follow import finish, goes_on, show_summary
+from scripts.follow import finish, goes_on, paused_line, show_summary
 from scripts.options import AS_JSON, emit, farm_options, run_option, shared_flags
 from scripts.render import compact, echo_lines, note, runs_lines, status_lines
 from sharding import fencing
@@ -99,8 +99,8 @@ def prune_cmd(app: App, older_than: str, dry_run: bool, include_failed: bool,
     fence rows of pruned runs on every shard and mod bucket, a day after each run ended at
     the earliest (until then they refuse a stalled worker's late writes). Runs done or
     cancelled go; failed runs only with --include-failed; a run with a chunk pending or
-    running is never touched, nor the newest migrate run (which 'farm sync' follows and
-    'farm quarantine' shows). Prints what went as JSON."""
+    running is never touched, nor the newest migrate run ('farm quarantine' shows it) or
+    the run 'farm sync' follows. Prints what went as JSON."""
     age = prune.parse_age(older_than)
     report = prune.PruneReport(dry_run=dry_run)
     try:
@@ -130,7 +130,7 @@ def _resume_notes(app: App, run_id: str) -> None:
     """What 'farm resume' did not do: a paused run's chunks wait for 'farm unpause', failed
     chunks for 'farm retry-failed'."""
     if app.runtime.ledger.run(run_id)["paused"]:
-        note(f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause {run_id}'")
+        note(paused_line(run_id))
     if failed := read_progress(app.runtime.ledger, run_id).chunks_failed:
         note(f"{failed:,} failed chunk(s) of {run_id} are not resumed: 'farm retry-failed "
              f"--run {run_id}' tries them again")

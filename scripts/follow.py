@@ -40,13 +40,24 @@ NO_WORKER_SECONDS = 10.0  # a wait says that no worker takes its jobs after this
 CHECK_EVERY = 2.0  # seconds between two looks at the queue's workers
 
 
+def paused_line(run_id: str) -> str:
+    """What a paused run waits for."""
+    return f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause {run_id}'"
+
+
+def note_below(live: LiveLines, line: str) -> None:
+    """``note(line)`` below the lines drawn in place, the next drawing starting under it."""
+    live.close()
+    note(line)
+
+
 class Unserved:
     """Called on each step of a wait on ``queue``: once no live worker has taken jobs from it
     for ``after`` seconds (no ``farm workers`` running, or only with other ``--queues``),
     one note says so and what to start, so a wait that cannot end says why; ``live``: the
     lines drawn in place, which the note must not overwrite."""
 
-    def __init__(self, conn: redis.Redis, queue: str, live: LiveLines | None = None,
+    def __init__(self, conn: redis.Redis, queue: str, live: LiveLines,
                  after: float = NO_WORKER_SECONDS) -> None:
         self.conn, self.queue, self.live, self.after = conn, queue, live, after
         self.since = self.checked = time.monotonic()
@@ -65,10 +76,9 @@ class Unserved:
         except redis.RedisError:
             return  # the wait's own reads say what is wrong with Redis
         if now - self.since >= self.after:
-            if self.live is not None:
-                self.live.close()  # the next drawing starts below the note
-            note(f"no worker has taken jobs from queue {self.queue!r} for {self.after:g} s: "
-                 f"start some with 'farm workers --queues {self.queue}'; still waiting")
+            note_below(self.live, f"no worker has taken jobs from queue {self.queue!r} for "
+                       f"{self.after:g} s: start some with 'farm workers --queues "
+                       f"{self.queue}'; still waiting")
             self.said = True
 
 
@@ -86,9 +96,8 @@ def wait_with_progress(rt: Runtime, run_id: str) -> str:
         bars(p)
         if p.paused != paused and not p.finished:
             paused = p.paused
-            bars.close()  # the next drawing starts below the note
-            note(f"{run_id} is paused: no chunk of it is dispatched until 'farm unpause "
-                 f"{run_id}'; still waiting" if p.paused else f"{run_id} is unpaused")
+            note_below(bars, f"{paused_line(run_id)}; still waiting" if p.paused
+                       else f"{run_id} is unpaused")
         if not p.paused:
             unserved()
     try:
