@@ -98,7 +98,8 @@ def prunable(pool: Pool, older_than_s: int, include_failed: bool = False, *,
              pruning_s: int = 0, keep_latest: tuple[str, ...] = ()) -> list[str]:
     """Runs that ended more than ``older_than_s`` seconds ago, oldest first, with no chunk
     pending or running (``done`` and ``cancelled`` runs; ``failed`` ones too when asked),
-    but the newest run of each kind of ``keep_latest``, and runs a prune left half pruned
+    but the run ``farm sync`` follows and the newest run of each kind of ``keep_latest``,
+    and runs a prune left half pruned
     (those that ended ``pruning_s`` seconds ago or more)."""
     cond, args = _ended(include_failed, older_than_s, keep_latest)
     return [r[0] for r in pool.query(
@@ -117,8 +118,9 @@ def prune(pool: Pool, older_than_s: int, *, dry_run: bool = False, batch: int = 
           on_batch: Callable[[str, str, int], None] | None = None,
           report: PruneReport | None = None, keep_latest: tuple[str, ...] = ()
           ) -> PruneReport:
-    """Archive and delete every prunable run (see ``prunable``; the newest run of each kind
-    of ``keep_latest`` stays, whatever its age), then, with ``fences``,
+    """Archive and delete every prunable run (see ``prunable``; the run ``farm sync`` follows
+    and the newest run of each kind of ``keep_latest`` stay, whatever their age), then, with
+    ``fences``,
     forget the fence rows of every pruned run that ended ``FENCE_FLOOR_S`` ago or more
     (``fences_due``); ``on_batch(run_id, table, deleted)`` is called after each DELETE.
     Fills and returns ``report`` (what went so far if it raises)."""
