@@ -21,17 +21,23 @@ def _start(rt, base: int, n: int = 4, rows: int = 100, pause: float = 0.0) -> st
     return runs.start(rt, "test", "tests.kinds.write_edges", chunks)
 
 
-def test_wait_on_a_terminal_counts_rows_then_prints_a_summary(rt, env):
-    run_id = _start(rt, 7_000_000, pause=0.1)
-    tty = Tty(env, "resume", run_id, "--wait")
-    # before any worker runs: rows are known, so the bar counts them from the start
-    tty.expect("0/400 rows · 0/4 chunks")
+def _ended_by_a_worker(tty: Tty, env: dict) -> str:
+    """Start a worker, let the followed run end (the command exits 0), stop the worker; what
+    the terminal showed."""
     workers = start_workers(env, 1)
     try:
         assert tty.wait() == 0
     finally:
         stop(workers)
-    out = tty.plain
+    return tty.plain
+
+
+def test_wait_on_a_terminal_counts_rows_then_prints_a_summary(rt, env):
+    run_id = _start(rt, 7_000_000, pause=0.1)
+    tty = Tty(env, "resume", run_id, "--wait")
+    # before any worker runs: rows are known, so the bar counts them from the start
+    tty.expect("0/400 rows · 0/4 chunks")
+    out = _ended_by_a_worker(tty, env)
     assert "edges [####################] 400/400 rows · 4/4 chunks" in out
     assert "400/400 rows · 4/4 chunks ·" in out and "ETA" in out
     assert "rows=" not in out and "s/chunks" not in out
@@ -85,11 +91,6 @@ def test_a_wait_with_no_worker_on_its_queue_says_so_once_then_goes_on(rt, env):
     said = (f"farm: note: no worker has taken jobs from queue '{queue}' for 10 s: start some "
             f"with 'farm workers --queues {queue}'; still waiting")
     tty.expect(said, timeout=30)
-    workers = start_workers(env, 1)
-    try:
-        assert tty.wait() == 0
-    finally:
-        stop(workers)
-    out = tty.plain
+    out = _ended_by_a_worker(tty, env)
     assert out.count(said) == 1, out
     assert "200/200 rows · 2/2 chunks" in out.split(said, 1)[1], out  # drawn below it
